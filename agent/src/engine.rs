@@ -1,0 +1,116 @@
+//! The `Engine` port: the container runtime, in the agent's own words.
+//!
+//! Only `engine/docker.rs` knows about bollard. The reconcile loop sees containers as
+//! [`Container`] values found by their labels, and starts them from a [`ContainerSpec`].
+
+pub mod docker;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+/// What to run. The agent builds this from a job's lease or from the replica template.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContainerSpec {
+    /// Container name; unique on the host.
+    pub name: String,
+    pub image: String,
+    /// Replaces the image's entrypoint when non-empty.
+    pub entrypoint: Vec<String>,
+    /// Replaces the image's command when non-empty.
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub labels: BTreeMap<String, String>,
+    pub gpus: GpuAccess,
+    /// Host path → container path, read-write.
+    pub binds: Vec<(String, String)>,
+    /// Publish this container TCP port on the host.
+    pub publish: Option<PortPublish>,
+    /// The signal `stop` sends first (the image's default when `None`).
+    pub stop_signal: Option<String>,
+}
+
+/// How a container is given its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum GpuAccess {
+    #[default]
+    None,
+    /// A Docker device request for the NVIDIA runtime, by GPU UUID (or index).
+    DeviceRequest { device_ids: Vec<String> },
+    /// No device is attached (there is no GPU runtime on this host, e.g. with fake GPUs); the
+    /// selection is passed only as `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES`.
+    VisibleDevicesEnv { indices: Vec<u32> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortPublish {
+    pub container_port: u16,
+    pub host_ip: String,
+    /// 0 lets Docker choose a free port; read it back from [`Container::published_port`].
+    pub host_port: u16,
+}
+
+/// A container the agent manages, as the engine reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    pub id: String,
+    pub name: String,
+    pub image: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: ContainerState,
+    /// The host port bound to the published container port, once running.
+    pub published_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerState {
+    Created,
+    Running,
+    /// Paused, restarting or being removed: not ours to touch until it settles.
+    Transitioning,
+    Exited { exit_code: i64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("container {0} not found")]
+    NotFound(String),
+    #[error("image {0} not found on this host (nothing is pulled; build or load it first)")]
+    ImageMissing(String),
+    #[error("container engine: {0}")]
+    Other(String),
+}
+
+/// The container runtime. Every call is idempotent where the runtime allows it: stopping a
+/// stopped container or removing a removed one succeeds.
+pub trait Engine: Send + Sync + 'static {
+    /// The engine's version, e.g. `Docker 28.2.2 (API 1.50)`.
+    fn version(&self) -> impl Future<Output = Result<String, EngineError>> + Send;
+
+    /// Every container, running or not, whose labels include all of `labels`.
+    fn list(
+        &self,
+        labels: &BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<Vec<Container>, EngineError>> + Send;
+
+    fn inspect(&self, id: &str) -> impl Future<Output = Result<Container, EngineError>> + Send;
+
+    /// Creates and starts a container; returns its id. Fails with `ImageMissing` when the
+    /// image is not on the host.
+    fn run(&self, spec: &ContainerSpec) -> impl Future<Output = Result<String, EngineError>> + Send;
+
+    /// Sends `signal` (e.g. `SIGTERM`) to the container's main process.
+    fn signal(&self, id: &str, signal: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+
+    /// Sends the container's stop signal, waits up to `grace`, then kills it.
+    fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), EngineError>> + Send;
+
+    fn remove(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+
+    /// The last `tail` lines (all when `None`) of the container's stdout and stderr.
+    fn logs(
+        &self,
+        id: &str,
+        tail: Option<usize>,
+    ) -> impl Future<Output = Result<String, EngineError>> + Send;
+}

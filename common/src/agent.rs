@@ -1,0 +1,187 @@
+//! The agent protocol: register, heartbeat, desired state.
+//!
+//! The agent speaks first and always: it registers once, then sends a [`Heartbeat`] every
+//! second with what it observes, and long-polls `GET /v1/agents/{node}/desired?after=V` so
+//! that a new decision reaches it in milliseconds. The coordinator answers with the node's
+//! [`DesiredNode`] and its version; the agent reconciles towards it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{JobSpec, UnixMillis};
+
+/// One GPU as the agent found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub node: String,
+    pub gpus: Vec<GpuInfo>,
+    /// The service whose replica this node hosts.
+    pub service: String,
+    /// Where the load balancer's health check for this node's replica answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_url: Option<String>,
+    pub agent_version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterReply {
+    pub node: String,
+    pub heartbeat_interval_ms: u64,
+    pub lease_ttl_ms: u64,
+}
+
+/// What the agent sees on its host, sent every heartbeat interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Heartbeat {
+    pub gpus: Vec<GpuStatus>,
+    pub replica: ReplicaStatus,
+    pub jobs: Vec<JobRun>,
+    /// The version of the desired state the agent has finished applying.
+    pub applied_version: u64,
+    /// Recently finished phases of drain and reclaim sequences; the coordinator keeps those
+    /// with a `seq` it has not seen yet, so resending is harmless.
+    #[serde(default)]
+    pub phases: Vec<PhaseRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuStatus {
+    pub index: u32,
+    pub memory_used_bytes: u64,
+    pub healthy: bool,
+}
+
+/// The life of a vLLM replica on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    /// The container runs but `/health` does not answer 200 yet.
+    Starting,
+    /// Healthy and marked ready on the load-balancer endpoint.
+    Serving,
+    /// Marked not-ready; waiting for in-flight requests to finish.
+    Draining,
+    /// No container running: its GPUs are free to lend.
+    Stopped,
+    /// The container exited on its own or could not be started.
+    Failed,
+}
+
+impl ReplicaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Serving => "serving",
+            Self::Draining => "draining",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaStatus {
+    pub state: ReplicaState,
+    pub signals: ServingSignals,
+}
+
+/// A replica's load as vLLM reports it. `None` means unknown (no scrape, a bad page, a
+/// missing metric), which is never read as zero.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingSignals {
+    pub requests_running: Option<f64>,
+    pub requests_waiting: Option<f64>,
+    pub kv_cache_usage: Option<f64>,
+}
+
+/// A job container on the node as the agent observes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobRun {
+    pub job_id: u64,
+    pub attempt: u32,
+    pub lease_id: u64,
+    pub epoch: u64,
+    pub gpus: Vec<u32>,
+    pub state: JobRunState,
+    /// Output parameters the job wrote to its output directory, read after it exited.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "state", deny_unknown_fields)]
+pub enum JobRunState {
+    /// Waiting for the replica to drain and the GPUs to be free.
+    Pending,
+    Running,
+    /// The checkpoint signal was sent; waiting for the grace period.
+    Stopping,
+    /// The container ended. `stopped_by_agent` is true when the agent stopped it (reclaim,
+    /// cancel, a revoked lease) rather than the job ending by itself.
+    Exited { exit_code: i64, stopped_by_agent: bool },
+    /// The container could not be created or started.
+    FailedToStart { message: String },
+}
+
+/// The node's desired state. `serve` and `leases` are exclusive in effect: while any lease
+/// is listed, the replica stays down; when `serve` is true and no lease is listed, the
+/// agent stops every job container and brings the replica back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredNode {
+    pub version: u64,
+    pub serve: bool,
+    pub leases: Vec<LeaseGrant>,
+    /// How long a lease stays valid without a successful heartbeat.
+    pub lease_ttl_ms: u64,
+}
+
+/// A job's right to use given GPUs of this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseGrant {
+    pub lease_id: u64,
+    /// Fencing epoch: strictly increasing across all leases ever granted. The agent refuses a
+    /// lease whose epoch is lower than one it has already honoured on the same GPU.
+    pub epoch: u64,
+    pub job_id: u64,
+    pub attempt: u32,
+    pub gpus: Vec<u32>,
+    pub job: JobSpec,
+}
+
+/// One timed phase of a drain or reclaim sequence on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseRecord {
+    /// Per-agent sequence number, increasing.
+    pub seq: u64,
+    pub sequence: SequenceKind,
+    pub phase: String,
+    pub started_at: UnixMillis,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SequenceKind {
+    Drain,
+    Reclaim,
+}

@@ -1,0 +1,151 @@
+//! The coordinator's HTTP API for the CLI and operators: views of jobs and nodes, and errors.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{JobSpec, PhaseRecord, ReplicaStatus, UnixMillis};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    /// Leased GPUs; the agent is draining the replica or starting the container.
+    Starting,
+    Running,
+    /// Its lease was revoked to serve again; it was told to checkpoint and will be requeued.
+    Preempting,
+    /// Cancelled while it had a lease; waiting for the container to stop.
+    Cancelling,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Preempting => "preempting",
+            Self::Cancelling => "cancelling",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// A job as the coordinator knows it. This is also the durable record of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobView {
+    pub id: u64,
+    pub spec: JobSpec,
+    pub state: JobState,
+    /// 1 for the first run; raised each time the job is requeued after preemption.
+    pub attempt: u32,
+    pub preemptions: u32,
+    pub submitted_at: UnixMillis,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<UnixMillis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<UnixMillis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
+    /// Why the job is in its state, when that is not obvious (a failure, a refusal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseView {
+    pub lease_id: u64,
+    pub epoch: u64,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub granted_at: UnixMillis,
+    pub expires_at: UnixMillis,
+    /// Set once the coordinator has taken the lease back.
+    pub revoked: bool,
+}
+
+/// Whether a node's GPUs serve the service or are lent to jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeMode {
+    Serve,
+    Lend,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeView {
+    pub name: String,
+    pub service: String,
+    pub mode: NodeMode,
+    pub desired_version: u64,
+    pub applied_version: u64,
+    pub gpus: Vec<NodeGpuView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<ReplicaStatus>,
+    pub reachable: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<UnixMillis>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_phases: Vec<PhaseRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_bytes: Option<u64>,
+    /// The job holding this GPU under a lease, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeList {
+    pub nodes: Vec<NodeView>,
+}
+
+/// Load reported by a load balancer or gateway in front of a service: requests it holds
+/// because no replica is ready. Used to bring a service back from zero serving replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySignals {
+    pub waiting: u64,
+}
+
+/// Every 4xx and 5xx answer carries this body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiError {
+    pub error: String,
+    /// The offending field of the request, when one is to blame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}

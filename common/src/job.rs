@@ -1,0 +1,224 @@
+//! The job file: what a researcher submits.
+//!
+//! Field names follow the Kubernetes container spec that users already know (`image`,
+//! `command`, `args`, `env` as `name`/`value` pairs), plus the few fields nightshift adds
+//! (`gpus`, `priority`, `checkpoint`). YAML and JSON are both accepted.
+
+use serde::{Deserialize, Serialize};
+
+/// A job as submitted. Unknown fields are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobSpec {
+    /// A human name; need not be unique.
+    pub name: String,
+    /// The container image, e.g. `registry.example.com/team/trainer:1.4`.
+    pub image: String,
+    /// Replaces the image's entrypoint when set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Replaces the image's command when set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// GPUs on one node, all given to the container and numbered from 0 inside it.
+    pub gpus: u32,
+    /// Higher runs first. Within a priority, first submitted runs first.
+    #[serde(default)]
+    pub priority: i32,
+    /// Team or user that owns the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub checkpoint: CheckpointPolicy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvVar {
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+/// How a job is told to save its work before its GPUs are taken back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CheckpointPolicy {
+    /// The signal sent on reclaim, e.g. `SIGTERM` or `SIGUSR1`.
+    #[serde(default = "default_signal")]
+    pub signal: String,
+    /// How long the job has, after the signal, to save and exit before it is killed.
+    #[serde(default = "default_grace")]
+    pub grace_period_seconds: u32,
+}
+
+fn default_signal() -> String {
+    "SIGTERM".to_owned()
+}
+
+fn default_grace() -> u32 {
+    30
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        Self { signal: default_signal(), grace_period_seconds: default_grace() }
+    }
+}
+
+/// The signals a job may choose as its checkpoint signal.
+pub const CHECKPOINT_SIGNALS: &[&str] =
+    &["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"];
+
+/// Longest grace period a job may ask for: one hour.
+pub const MAX_GRACE_SECONDS: u32 = 3600;
+
+/// A job file that breaks a rule. `field` is the path of the offending field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {rule}")]
+pub struct SpecError {
+    pub field: String,
+    pub rule: String,
+}
+
+impl SpecError {
+    pub fn new(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Self { field: field.into(), rule: rule.into() }
+    }
+}
+
+impl JobSpec {
+    /// Checks every rule that needs no knowledge of the cluster.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.name.trim().is_empty() {
+            return Err(SpecError::new("name", "must not be empty"));
+        }
+        if self.name.len() > 128 {
+            return Err(SpecError::new("name", "must be at most 128 characters"));
+        }
+        if self.image.trim().is_empty() {
+            return Err(SpecError::new("image", "must not be empty"));
+        }
+        if self.image.chars().any(char::is_whitespace) {
+            return Err(SpecError::new("image", "must not contain whitespace"));
+        }
+        if self.gpus == 0 {
+            return Err(SpecError::new("gpus", "must be at least 1"));
+        }
+        for (i, var) in self.env.iter().enumerate() {
+            let valid = !var.name.is_empty()
+                && !var.name.starts_with(|c: char| c.is_ascii_digit())
+                && var.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(SpecError::new(
+                    format!("env[{i}].name"),
+                    "must be letters, digits and '_', not starting with a digit",
+                ));
+            }
+            if var.name.starts_with("NIGHTSHIFT_") {
+                return Err(SpecError::new(
+                    format!("env[{i}].name"),
+                    "the NIGHTSHIFT_ prefix is reserved for variables the agent sets",
+                ));
+            }
+        }
+        if !CHECKPOINT_SIGNALS.contains(&self.checkpoint.signal.as_str()) {
+            return Err(SpecError::new(
+                "checkpoint.signal",
+                format!("must be one of {}", CHECKPOINT_SIGNALS.join(", ")),
+            ));
+        }
+        if self.checkpoint.grace_period_seconds > MAX_GRACE_SECONDS {
+            return Err(SpecError::new(
+                "checkpoint.gracePeriodSeconds",
+                format!("must be at most {MAX_GRACE_SECONDS}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Parses a job file (YAML, of which JSON is a subset) and validates it.
+    pub fn from_yaml(text: &str) -> Result<Self, SpecError> {
+        let spec: JobSpec = yaml_from_str(text)?;
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+fn yaml_from_str(text: &str) -> Result<JobSpec, SpecError> {
+    yaml_serde::from_str(text).map_err(|e| SpecError::new("job file", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            name: "train".into(),
+            image: "trainer:1".into(),
+            command: vec![],
+            args: vec![],
+            env: vec![],
+            gpus: 2,
+            priority: 0,
+            owner: None,
+            checkpoint: CheckpointPolicy::default(),
+        }
+    }
+
+    #[test]
+    fn a_plain_spec_is_valid() {
+        assert_eq!(spec().validate(), Ok(()));
+    }
+
+    #[test]
+    fn empty_image_names_the_field() {
+        let mut s = spec();
+        s.image = " ".into();
+        assert_eq!(s.validate().unwrap_err().field, "image");
+    }
+
+    #[test]
+    fn zero_gpus_is_refused() {
+        let mut s = spec();
+        s.gpus = 0;
+        assert_eq!(s.validate().unwrap_err().to_string(), "gpus: must be at least 1");
+    }
+
+    #[test]
+    fn reserved_env_prefix_is_refused() {
+        let mut s = spec();
+        s.env.push(EnvVar { name: "NIGHTSHIFT_JOB_ID".into(), value: "x".into() });
+        assert_eq!(s.validate().unwrap_err().field, "env[0].name");
+    }
+
+    #[test]
+    fn unknown_field_is_refused_with_its_name() {
+        let err = serde_json::from_str::<JobSpec>(
+            r#"{"name":"a","image":"b","gpus":1,"gpu":3}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("unknown field `gpu`"), "{err}");
+    }
+
+    #[test]
+    fn yaml_job_file_parses_and_unknown_keys_name_the_line() {
+        let s = JobSpec::from_yaml("name: a\nimage: b\ngpus: 1\nenv:\n  - name: X\n    value: \"1\"\n")
+            .unwrap();
+        assert_eq!(s.env[0].value, "1");
+        let err = JobSpec::from_yaml("name: a\nimage: b\ngpus: 1\nimagePullPolicy: Always\n")
+            .unwrap_err();
+        assert!(err.rule.contains("imagePullPolicy"), "{err}");
+        assert!(err.rule.contains("line 4"), "{err}");
+    }
+
+    #[test]
+    fn defaults_fill_checkpoint_policy() {
+        let s: JobSpec = serde_json::from_str(r#"{"name":"a","image":"b","gpus":1}"#).unwrap();
+        assert_eq!(s.checkpoint.signal, "SIGTERM");
+        assert_eq!(s.checkpoint.grace_period_seconds, 30);
+    }
+}

@@ -1,0 +1,18 @@
+//! Wire types shared by the nightshift agent, coordinator and CLI.
+//!
+//! Everything that crosses a process boundary (the job file, the HTTP API, the agent
+//! protocol) is defined here and only here. Every type refuses unknown fields, so a typo in a
+//! job file or a mismatched agent is an error that names the field, never a silent default.
+
+pub mod agent;
+pub mod api;
+pub mod job;
+pub mod labels;
+
+pub use agent::*;
+pub use api::*;
+pub use job::*;
+
+/// Milliseconds since the Unix epoch. The coordinator's core takes time only as this value,
+/// passed in by its caller.
+pub type UnixMillis = u64;
