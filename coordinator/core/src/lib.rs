@@ -1,1 +1,28 @@
-//! stub
+//! The coordinator's decision core: node modes (serve or lend), the job queue, the lease table
+//! with fencing epochs, and one service's autoscaler.
+//!
+//! It does no I/O: it never reads a clock, the environment or a random source, and knows
+//! nothing of HTTP or SQLite. Every call takes `now` from its caller and records what changed
+//! as [`Effect`]s, which the caller drains with [`Core::poll_effects`] to persist and publish.
+//! The HTTP shell drives it in production; tests and the simulator drive it with a virtual
+//! clock.
+
+mod autoscale;
+mod config;
+mod core;
+mod invariants;
+mod job;
+mod lease;
+mod node;
+mod schedule;
+mod snapshot;
+
+pub use crate::config::{CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
+pub use crate::core::{Core, CoreError, Effect};
+pub use crate::invariants::Violation;
+pub use crate::job::{IllegalTransition, Job, JobEvent};
+pub use crate::lease::Lease;
+pub use crate::node::Node;
+pub use crate::snapshot::{CoreSnapshot, NodeSnapshot};
+
+pub use nightshift_common::UnixMillis;

@@ -1,0 +1,82 @@
+//! Tunables of the decision core, with defaults that suit a production fleet.
+
+/// Timing of the agent protocol and one service's scaling policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoreConfig {
+    /// How often agents heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// How long a lease stays valid without a heartbeat from its node. A node silent for this
+    /// long is unreachable: its leases expire and their jobs are requeued.
+    pub lease_ttl_ms: u64,
+    pub services: Vec<ServicePolicy>,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 1_000,
+            lease_ttl_ms: 30_000,
+            services: vec![ServicePolicy::default()],
+        }
+    }
+}
+
+/// When a service lends replicas' GPUs and when it takes them back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServicePolicy {
+    pub name: String,
+    /// Replicas that always serve (or are starting): never lent.
+    pub min_replicas: u32,
+    pub scale_down: ScaleDown,
+    pub scale_up: ScaleUp,
+    /// After any lend or reclaim, wait this long before lending again.
+    pub cooldown_ms: u64,
+    /// A gateway's report of held requests counts for this long.
+    pub gateway_signal_ttl_ms: u64,
+}
+
+impl Default for ServicePolicy {
+    fn default() -> Self {
+        Self {
+            name: "default".to_owned(),
+            min_replicas: 1,
+            scale_down: ScaleDown::default(),
+            scale_up: ScaleUp::default(),
+            cooldown_ms: 300_000,
+            gateway_signal_ttl_ms: 5_000,
+        }
+    }
+}
+
+/// Lending is careful: the load must stay low for a whole window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleDown {
+    /// Requests waiting, summed over the service's serving replicas, at most this.
+    pub max_waiting: f64,
+    /// Requests running per replica that would remain after lending one, at most this. With
+    /// no replica remaining, nothing may be running.
+    pub max_running_per_replica: f64,
+    /// How long the load must stay low before a replica is lent.
+    pub window_ms: u64,
+}
+
+impl Default for ScaleDown {
+    fn default() -> Self {
+        Self { max_waiting: 0.0, max_running_per_replica: 4.0, window_ms: 600_000 }
+    }
+}
+
+/// Reclaiming is fast: one bad reading is enough.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleUp {
+    /// Requests waiting per serving replica at or above this takes a node back.
+    pub waiting_per_replica: f64,
+    /// Requests running per serving replica at or above this takes a node back.
+    pub running_per_replica: f64,
+}
+
+impl Default for ScaleUp {
+    fn default() -> Self {
+        Self { waiting_per_replica: 2.0, running_per_replica: 32.0 }
+    }
+}

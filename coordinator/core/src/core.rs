@@ -1,0 +1,544 @@
+//! [`Core`]: the state of the cluster and the calls that change it.
+//!
+//! Every mutating call ends with [`Core::decide`], which expires leases, scales each service
+//! and places queued jobs, so a decision follows the input that made it possible at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nightshift_common::{
+    DesiredNode, GpuInfo, Heartbeat, JobRunState, JobSpec, JobState, JobView, LeaseGrant,
+    LeaseView, NodeGpuView, NodeMode, NodeView, SpecError, UnixMillis,
+};
+
+use crate::config::CoreConfig;
+use crate::job::{IllegalTransition, Job, JobEvent};
+use crate::lease::{Lease, LeaseTable};
+use crate::node::Node;
+use crate::snapshot::{CoreSnapshot, NodeSnapshot};
+
+/// What changed, for the caller to persist and publish.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Effect {
+    /// The job's record changed (state, lease, attempt, outputs).
+    JobChanged(u64),
+    /// The node's durable record changed and, when its `desired_version` moved, agents
+    /// waiting on it must be woken.
+    NodeChanged(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoreError {
+    #[error("{0}")]
+    InvalidSpec(#[from] SpecError),
+    #[error("unknown service {0:?}")]
+    UnknownService(String),
+    #[error("node {0} is not registered")]
+    UnknownNode(String),
+    #[error("node {node} is registered for service {registered}, not {asked}")]
+    ServiceMismatch { node: String, registered: String, asked: String },
+    #[error("job {0} not found")]
+    UnknownJob(u64),
+    #[error("job {job} is already {state}")]
+    AlreadyFinished { job: u64, state: &'static str },
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+}
+
+impl CoreError {
+    /// The request field to blame, when there is one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::InvalidSpec(e) => Some(&e.field),
+            _ => None,
+        }
+    }
+}
+
+/// Per-service scaling memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ServiceState {
+    /// Since when the load has been low enough to lend a replica.
+    pub(crate) low_since: Option<UnixMillis>,
+    /// The last lend or reclaim.
+    pub(crate) last_change: Option<UnixMillis>,
+    /// Requests a gateway holds for want of a ready replica, and when it said so.
+    pub(crate) gateway: Option<(u64, UnixMillis)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Core {
+    pub(crate) config: CoreConfig,
+    pub(crate) nodes: BTreeMap<String, Node>,
+    pub(crate) jobs: BTreeMap<u64, Job>,
+    pub(crate) leases: LeaseTable,
+    pub(crate) next_job_id: u64,
+    pub(crate) services: BTreeMap<String, ServiceState>,
+    effects: BTreeSet<Effect>,
+}
+
+impl Core {
+    pub fn new(config: CoreConfig) -> Self {
+        Self::restore(config, CoreSnapshot::default(), 0)
+    }
+
+    /// Rebuilds the core from what was persisted. Leases are extended to `now + ttl`, so that
+    /// agents get a full lease period to report in after a coordinator restart.
+    pub fn restore(config: CoreConfig, snapshot: CoreSnapshot, now: UnixMillis) -> Self {
+        let ttl = config.lease_ttl_ms;
+        let mut leases = Vec::new();
+        let mut jobs = BTreeMap::new();
+        for view in snapshot.jobs {
+            if let Some(l) = &view.lease {
+                leases.push(Lease {
+                    id: l.lease_id,
+                    epoch: l.epoch,
+                    job: view.id,
+                    node: l.node.clone(),
+                    gpus: l.gpus.clone(),
+                    granted_at: l.granted_at,
+                    expires_at: l.expires_at.max(now + ttl),
+                    revoked: l.revoked,
+                    granted_version: 0,
+                });
+            }
+            jobs.insert(view.id, job_from_view(view));
+        }
+        let nodes = snapshot
+            .nodes
+            .into_iter()
+            .map(|s| {
+                let mut node = Node::new(&s.name, &s.service, s.gpus, s.mode_since);
+                node.mode = s.mode;
+                node.desired_version = s.desired_version;
+                (s.name, node)
+            })
+            .collect();
+        let max_job = jobs.keys().copied().max().unwrap_or(0);
+        let services =
+            config.services.iter().map(|s| (s.name.clone(), ServiceState::default())).collect();
+        Self {
+            config,
+            nodes,
+            jobs,
+            leases: LeaseTable::restore(leases, snapshot.next_lease_id, snapshot.next_epoch),
+            next_job_id: snapshot.next_job_id.max(max_job + 1).max(1),
+            services,
+            effects: BTreeSet::new(),
+        }
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    /// What changed since the last call, each entity once.
+    pub fn poll_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects).into_iter().collect()
+    }
+
+    // ---- inputs -------------------------------------------------------------------------
+
+    /// An agent announces itself. Registering again (after an agent restart) keeps the node's
+    /// mode and leases; only its GPU inventory is refreshed.
+    pub fn register(
+        &mut self,
+        now: UnixMillis,
+        node: &str,
+        service: &str,
+        gpus: Vec<GpuInfo>,
+    ) -> Result<(), CoreError> {
+        if !self.services.contains_key(service) {
+            return Err(CoreError::UnknownService(service.to_owned()));
+        }
+        match self.nodes.get_mut(node) {
+            Some(n) if n.service != service => {
+                return Err(CoreError::ServiceMismatch {
+                    node: node.to_owned(),
+                    registered: n.service.clone(),
+                    asked: service.to_owned(),
+                });
+            }
+            Some(n) => {
+                n.gpus = gpus;
+                n.last_heartbeat = Some(now);
+            }
+            None => {
+                let mut n = Node::new(node, service, gpus, now);
+                n.last_heartbeat = Some(now);
+                self.nodes.insert(node.to_owned(), n);
+            }
+        }
+        self.effects.insert(Effect::NodeChanged(node.to_owned()));
+        self.decide(now);
+        Ok(())
+    }
+
+    /// What an agent observes. Renews the node's leases and moves its jobs along.
+    pub fn heartbeat(
+        &mut self,
+        now: UnixMillis,
+        node: &str,
+        beat: Heartbeat,
+    ) -> Result<(), CoreError> {
+        let n = self.nodes.get_mut(node).ok_or_else(|| CoreError::UnknownNode(node.to_owned()))?;
+        n.last_heartbeat = Some(now);
+        n.applied_version = beat.applied_version;
+        n.gpu_status = beat.gpus;
+        n.replica = Some(beat.replica);
+        n.record_phases(&beat.phases);
+        n.runs = beat.jobs;
+        let applied = n.applied_version;
+        let runs = n.runs.clone();
+        self.leases.renew(node, now, self.config.lease_ttl_ms);
+
+        let node_leases: Vec<Lease> = self.leases.on_node(node).cloned().collect();
+        for lease in node_leases {
+            let run = runs.iter().find(|r| r.lease_id == lease.id && r.epoch == lease.epoch);
+            let event = match run.map(|r| &r.state) {
+                Some(JobRunState::Running | JobRunState::Stopping) => Some(JobEvent::Started),
+                Some(JobRunState::Pending) => None,
+                Some(JobRunState::Exited { exit_code, stopped_by_agent }) => {
+                    if lease.revoked || *stopped_by_agent {
+                        Some(JobEvent::Requeue {
+                            message: Some("preempted: the node serves again".to_owned()),
+                        })
+                    } else {
+                        let outputs = run.map(|r| r.outputs.clone()).unwrap_or_default();
+                        Some(JobEvent::Exited { exit_code: *exit_code, outputs })
+                    }
+                }
+                Some(JobRunState::FailedToStart { message }) => {
+                    Some(JobEvent::StartFailed { message: message.clone() })
+                }
+                // Not reported although the agent has applied the state that granted it (or
+                // the lease was revoked): the container is gone.
+                None if lease.revoked || applied >= lease.granted_version.max(1) => {
+                    Some(JobEvent::Requeue {
+                        message: Some(format!("container vanished from node {node}")),
+                    })
+                }
+                None => None,
+            };
+            if let Some(event) = event {
+                // A report that no longer fits the job (a late duplicate) changes nothing.
+                let _ = self.job_event(now, lease.job, event);
+            }
+        }
+        self.decide(now);
+        Ok(())
+    }
+
+    /// A load balancer or gateway in front of `service` holds `waiting` requests because no
+    /// replica is ready.
+    pub fn gateway(&mut self, now: UnixMillis, service: &str, waiting: u64) -> Result<(), CoreError> {
+        let s = self
+            .services
+            .get_mut(service)
+            .ok_or_else(|| CoreError::UnknownService(service.to_owned()))?;
+        s.gateway = Some((waiting, now));
+        self.decide(now);
+        Ok(())
+    }
+
+    pub fn submit(&mut self, now: UnixMillis, spec: JobSpec) -> Result<u64, CoreError> {
+        spec.validate()?;
+        let largest = self.nodes.values().map(|n| n.gpus.len() as u32).max();
+        if let Some(largest) = largest
+            && spec.gpus > largest
+        {
+            return Err(SpecError::new(
+                "gpus",
+                format!("{} is more than any node has (the largest has {largest})", spec.gpus),
+            )
+            .into());
+        }
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        self.jobs.insert(id, Job::new(id, spec, now));
+        self.effects.insert(Effect::JobChanged(id));
+        self.decide(now);
+        Ok(id)
+    }
+
+    pub fn cancel(&mut self, now: UnixMillis, id: u64) -> Result<(), CoreError> {
+        let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?;
+        if job.state.is_finished() {
+            return Err(CoreError::AlreadyFinished { job: id, state: job.state.as_str() });
+        }
+        if job.state == JobState::Cancelling {
+            return Ok(());
+        }
+        if let Some(lease) = job.lease {
+            self.revoke(lease);
+        }
+        self.job_event(now, id, JobEvent::Cancel)?;
+        self.decide(now);
+        Ok(())
+    }
+
+    /// Time passes: expire leases, and make the decisions whose windows have run out.
+    pub fn tick(&mut self, now: UnixMillis) {
+        self.decide(now);
+    }
+
+    /// When `tick` should next be called, at the latest.
+    pub fn next_deadline(&self) -> Option<UnixMillis> {
+        let windows = self.services.iter().filter_map(|(name, s)| {
+            let policy = self.config.services.iter().find(|p| &p.name == name)?;
+            let low = s.low_since.map(|t| t + policy.scale_down.window_ms);
+            let cool = s.last_change.map(|t| t + policy.cooldown_ms);
+            low.max(cool)
+        });
+        let silence = self
+            .nodes
+            .values()
+            .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
+        self.leases.next_expiry().into_iter().chain(windows).chain(silence).min()
+    }
+
+    // ---- decisions ----------------------------------------------------------------------
+
+    pub(crate) fn decide(&mut self, now: UnixMillis) {
+        self.expire_leases(now);
+        let services: Vec<String> = self.services.keys().cloned().collect();
+        for service in &services {
+            self.autoscale(now, service);
+        }
+        self.place_queued(now);
+        self.return_idle_nodes(now);
+    }
+
+    fn expire_leases(&mut self, now: UnixMillis) {
+        for id in self.leases.expired(now) {
+            let Some(lease) = self.leases.get(id).cloned() else { continue };
+            let message = format!("lease {} expired: node {} went silent", lease.id, lease.node);
+            // The job may already have moved on; only a job still holding this lease moves.
+            if self.jobs.get(&lease.job).is_some_and(|j| j.lease == Some(id)) {
+                let _ = self.job_event(now, lease.job, JobEvent::Requeue { message: Some(message) });
+            } else {
+                self.leases.release(id);
+            }
+        }
+    }
+
+    // ---- helpers for the decision modules -----------------------------------------------
+
+    /// Applies `event` to a job, and keeps the lease table in step with it.
+    pub(crate) fn job_event(
+        &mut self,
+        now: UnixMillis,
+        id: u64,
+        event: JobEvent,
+    ) -> Result<(), CoreError> {
+        let job = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
+        let held = job.lease;
+        let before = (job.state, job.lease);
+        job.apply(now, event)?;
+        let after = (job.state, job.lease);
+        if let Some(lease) = held
+            && after.1.is_none()
+        {
+            self.release(lease);
+        }
+        if before != after {
+            self.effects.insert(Effect::JobChanged(id));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn grant(&mut self, now: UnixMillis, job: u64, node: &str, gpus: Vec<u32>) {
+        let Some(n) = self.nodes.get_mut(node) else { return };
+        n.desired_version += 1;
+        let version = n.desired_version;
+        let ttl = self.config.lease_ttl_ms;
+        let lease = self.leases.grant(now, ttl, job, node, gpus, version).id;
+        self.effects.insert(Effect::NodeChanged(node.to_owned()));
+        if self.job_event(now, job, JobEvent::Leased { lease }).is_err() {
+            self.release(lease);
+        }
+    }
+
+    pub(crate) fn revoke(&mut self, lease: u64) {
+        let Some(l) = self.leases.get(lease) else { return };
+        if l.revoked {
+            return;
+        }
+        let node = l.node.clone();
+        self.leases.revoke(lease);
+        self.bump(&node);
+    }
+
+    fn release(&mut self, lease: u64) {
+        if let Some(l) = self.leases.release(lease) {
+            self.bump(&l.node);
+        }
+    }
+
+    /// Marks the node's desired state as changed.
+    pub(crate) fn bump(&mut self, node: &str) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.desired_version += 1;
+            self.effects.insert(Effect::NodeChanged(node.to_owned()));
+        }
+    }
+
+    pub(crate) fn set_mode(&mut self, now: UnixMillis, node: &str, mode: NodeMode) {
+        let Some(n) = self.nodes.get_mut(node) else { return };
+        if n.mode == mode {
+            return;
+        }
+        n.mode = mode;
+        n.mode_since = now;
+        let service = n.service.clone();
+        self.bump(node);
+        if let Some(s) = self.services.get_mut(&service) {
+            s.last_change = Some(now);
+            s.low_since = None;
+        }
+    }
+
+    // ---- views --------------------------------------------------------------------------
+
+    /// The desired state of `node`: serve, or run these leases.
+    pub fn desired(&self, node: &str) -> Option<DesiredNode> {
+        let n = self.nodes.get(node)?;
+        let leases = self
+            .leases
+            .on_node(node)
+            .filter(|l| !l.revoked)
+            .filter_map(|l| {
+                let job = self.jobs.get(&l.job)?;
+                Some(LeaseGrant {
+                    lease_id: l.id,
+                    epoch: l.epoch,
+                    job_id: l.job,
+                    attempt: job.attempt,
+                    gpus: l.gpus.clone(),
+                    job: job.spec.clone(),
+                })
+            })
+            .collect();
+        Some(DesiredNode {
+            version: n.desired_version,
+            serve: n.mode == NodeMode::Serve,
+            leases,
+            lease_ttl_ms: self.config.lease_ttl_ms,
+        })
+    }
+
+    pub fn job(&self, id: u64) -> Option<JobView> {
+        self.jobs.get(&id).map(|j| self.job_view(j))
+    }
+
+    /// Every job, oldest first.
+    pub fn jobs(&self) -> Vec<JobView> {
+        self.jobs.values().map(|j| self.job_view(j)).collect()
+    }
+
+    fn job_view(&self, j: &Job) -> JobView {
+        let lease = j.lease.and_then(|id| self.leases.get(id)).map(|l| LeaseView {
+            lease_id: l.id,
+            epoch: l.epoch,
+            node: l.node.clone(),
+            gpus: l.gpus.clone(),
+            granted_at: l.granted_at,
+            expires_at: l.expires_at,
+            revoked: l.revoked,
+        });
+        JobView {
+            id: j.id,
+            spec: j.spec.clone(),
+            state: j.state,
+            attempt: j.attempt,
+            preemptions: j.preemptions,
+            submitted_at: j.submitted_at,
+            started_at: j.started_at,
+            finished_at: j.finished_at,
+            lease,
+            exit_code: j.exit_code,
+            outputs: j.outputs.clone(),
+            message: j.message.clone(),
+        }
+    }
+
+    pub fn node_names(&self) -> impl Iterator<Item = &str> {
+        self.nodes.keys().map(String::as_str)
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(name)
+    }
+
+    pub fn node_snapshot(&self, name: &str) -> Option<NodeSnapshot> {
+        self.nodes.get(name).map(|n| NodeSnapshot {
+            name: n.name.clone(),
+            service: n.service.clone(),
+            gpus: n.gpus.clone(),
+            mode: n.mode,
+            desired_version: n.desired_version,
+            mode_since: n.mode_since,
+        })
+    }
+
+    pub fn nodes(&self, now: UnixMillis) -> Vec<NodeView> {
+        self.nodes.values().map(|n| self.node_view(n, now)).collect()
+    }
+
+    fn node_view(&self, n: &Node, now: UnixMillis) -> NodeView {
+        let holder = |index: u32| {
+            self.leases.on_node(&n.name).find(|l| l.gpus.contains(&index)).map(|l| l.job)
+        };
+        NodeView {
+            name: n.name.clone(),
+            service: n.service.clone(),
+            mode: n.mode,
+            desired_version: n.desired_version,
+            applied_version: n.applied_version,
+            gpus: n
+                .gpus
+                .iter()
+                .map(|g| NodeGpuView {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total_bytes: g.memory_total_bytes,
+                    memory_used_bytes: n
+                        .gpu_status
+                        .iter()
+                        .find(|s| s.index == g.index)
+                        .map(|s| s.memory_used_bytes),
+                    job_id: holder(g.index),
+                })
+                .collect(),
+            replica: n.replica.clone(),
+            reachable: n.reachable(now, self.config.lease_ttl_ms),
+            last_heartbeat: n.last_heartbeat,
+            recent_phases: n.phases.iter().cloned().collect(),
+        }
+    }
+
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.all()
+    }
+
+    pub fn next_ids(&self) -> (u64, u64, u64) {
+        (self.next_job_id, self.leases.next_id(), self.leases.next_epoch())
+    }
+}
+
+fn job_from_view(v: JobView) -> Job {
+    Job {
+        id: v.id,
+        spec: v.spec,
+        state: v.state,
+        attempt: v.attempt,
+        preemptions: v.preemptions,
+        submitted_at: v.submitted_at,
+        started_at: v.started_at,
+        finished_at: v.finished_at,
+        lease: v.lease.map(|l| l.lease_id),
+        exit_code: v.exit_code,
+        outputs: v.outputs,
+        message: v.message,
+    }
+}

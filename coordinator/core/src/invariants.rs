@@ -1,0 +1,105 @@
+//! The invariants of DESIGN.md that the core alone can check. Tests and the simulator call
+//! [`Core::check_invariants`] after every step.
+
+use std::collections::BTreeMap;
+
+use nightshift_common::{JobState, NodeMode};
+
+use crate::core::Core;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    #[error("service {service}: {serving} nodes serve, below min_replicas {min}")]
+    ServingFloor { service: String, serving: usize, min: u32 },
+    #[error("node {node} gpu {gpu}: held by leases {first} and {second}")]
+    GpuTwoLeases { node: String, gpu: u32, first: u64, second: u64 },
+    #[error("node {node}: serves while lease {lease} is still live on it")]
+    LiveLeaseOnServingNode { node: String, lease: u64 },
+    #[error("lease {lease}: epoch {epoch} is not below the next epoch {next}")]
+    EpochNotFenced { lease: u64, epoch: u64, next: u64 },
+    #[error("leases {first} and {second} share epoch {epoch}")]
+    EpochReused { first: u64, second: u64, epoch: u64 },
+    #[error("job {job}: state {state} does not match its lease ({lease})")]
+    JobLeaseMismatch { job: u64, state: &'static str, lease: String },
+}
+
+impl Core {
+    pub fn check_invariants(&self) -> Vec<Violation> {
+        let mut out = Vec::new();
+        self.check_floor(&mut out);
+        self.check_gpu_owners(&mut out);
+        self.check_fencing(&mut out);
+        self.check_jobs(&mut out);
+        out
+    }
+
+    /// Never fewer than `min_replicas` nodes in serve mode, as long as the service has that
+    /// many nodes at all.
+    fn check_floor(&self, out: &mut Vec<Violation>) {
+        for policy in &self.config.services {
+            let nodes: Vec<_> = self.nodes.values().filter(|n| n.service == policy.name).collect();
+            let serving = nodes.iter().filter(|n| n.mode == NodeMode::Serve).count();
+            if serving < (policy.min_replicas as usize).min(nodes.len()) {
+                out.push(Violation::ServingFloor {
+                    service: policy.name.clone(),
+                    serving,
+                    min: policy.min_replicas,
+                });
+            }
+        }
+    }
+
+    /// One owner per GPU: no two leases share a GPU, and a serving node has no live lease.
+    fn check_gpu_owners(&self, out: &mut Vec<Violation>) {
+        let mut owner: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for l in self.leases.all() {
+            for &gpu in &l.gpus {
+                if let Some(first) = owner.insert((&l.node, gpu), l.id) {
+                    out.push(Violation::GpuTwoLeases {
+                        node: l.node.clone(),
+                        gpu,
+                        first,
+                        second: l.id,
+                    });
+                }
+            }
+            let serving = self.nodes.get(&l.node).is_some_and(|n| n.mode == NodeMode::Serve);
+            if serving && !l.revoked {
+                out.push(Violation::LiveLeaseOnServingNode { node: l.node.clone(), lease: l.id });
+            }
+        }
+    }
+
+    fn check_fencing(&self, out: &mut Vec<Violation>) {
+        let next = self.leases.next_epoch();
+        let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
+        for l in self.leases.all() {
+            if l.epoch >= next {
+                out.push(Violation::EpochNotFenced { lease: l.id, epoch: l.epoch, next });
+            }
+            if let Some(first) = seen.insert(l.epoch, l.id) {
+                out.push(Violation::EpochReused { first, second: l.id, epoch: l.epoch });
+            }
+        }
+    }
+
+    /// Starting and running jobs hold a live lease; preempting and cancelling ones a revoked
+    /// lease or none (cancelled before the grant reached the node); others none.
+    fn check_jobs(&self, out: &mut Vec<Violation>) {
+        for j in self.jobs.values() {
+            let lease = j.lease.and_then(|id| self.leases.get(id));
+            let ok = match j.state {
+                JobState::Starting | JobState::Running => lease.is_some_and(|l| !l.revoked),
+                JobState::Preempting | JobState::Cancelling => lease.is_some_and(|l| l.revoked),
+                _ => j.lease.is_none(),
+            };
+            if !ok {
+                out.push(Violation::JobLeaseMismatch {
+                    job: j.id,
+                    state: j.state.as_str(),
+                    lease: format!("{:?}", lease.map(|l| (l.id, l.revoked))),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The lease table: which job may use which GPUs of which node, until when, under which
+//! fencing epoch.
+//!
+//! Epochs come from one counter that only goes up, so a lease granted later always carries a
+//! higher epoch than every lease before it; agents refuse a lease older than one they have
+//! honoured on the same GPU.
+
+use std::collections::BTreeMap;
+
+use nightshift_common::UnixMillis;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub id: u64,
+    pub epoch: u64,
+    pub job: u64,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub granted_at: UnixMillis,
+    pub expires_at: UnixMillis,
+    /// Taken back by the coordinator: the agent must stop the job. The lease still owns its
+    /// GPUs until the agent reports the container gone.
+    pub revoked: bool,
+    /// The node's desired-state version that first listed this lease.
+    pub granted_version: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct LeaseTable {
+    leases: BTreeMap<u64, Lease>,
+    next_id: u64,
+    next_epoch: u64,
+}
+
+impl LeaseTable {
+    pub(crate) fn restore(leases: Vec<Lease>, next_id: u64, next_epoch: u64) -> Self {
+        let max_id = leases.iter().map(|l| l.id).max().unwrap_or(0);
+        let max_epoch = leases.iter().map(|l| l.epoch).max().unwrap_or(0);
+        Self {
+            leases: leases.into_iter().map(|l| (l.id, l)).collect(),
+            next_id: next_id.max(max_id + 1).max(1),
+            next_epoch: next_epoch.max(max_epoch + 1).max(1),
+        }
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.max(1)
+    }
+
+    pub(crate) fn next_epoch(&self) -> u64 {
+        self.next_epoch.max(1)
+    }
+
+    pub(crate) fn grant(
+        &mut self,
+        now: UnixMillis,
+        ttl_ms: u64,
+        job: u64,
+        node: &str,
+        gpus: Vec<u32>,
+        granted_version: u64,
+    ) -> &Lease {
+        let id = self.next_id();
+        let epoch = self.next_epoch();
+        self.next_id = id + 1;
+        self.next_epoch = epoch + 1;
+        let lease = Lease {
+            id,
+            epoch,
+            job,
+            node: node.to_owned(),
+            gpus,
+            granted_at: now,
+            expires_at: now + ttl_ms,
+            revoked: false,
+            granted_version,
+        };
+        self.leases.entry(id).or_insert(lease)
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+
+    pub(crate) fn revoke(&mut self, id: u64) {
+        if let Some(l) = self.leases.get_mut(&id) {
+            l.revoked = true;
+        }
+    }
+
+    pub(crate) fn release(&mut self, id: u64) -> Option<Lease> {
+        self.leases.remove(&id)
+    }
+
+    /// Extends every lease of `node` to `now + ttl`: the node has just been heard from.
+    pub(crate) fn renew(&mut self, node: &str, now: UnixMillis, ttl_ms: u64) {
+        for l in self.leases.values_mut().filter(|l| l.node == node) {
+            l.expires_at = l.expires_at.max(now + ttl_ms);
+        }
+    }
+
+    pub(crate) fn expired(&self, now: UnixMillis) -> Vec<u64> {
+        self.leases.values().filter(|l| l.expires_at <= now).map(|l| l.id).collect()
+    }
+
+    pub(crate) fn on_node<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
+        self.leases.values().filter(move |l| l.node == node)
+    }
+
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    /// GPUs of `node` held by any lease, revoked or not.
+    pub(crate) fn held_gpus(&self, node: &str) -> Vec<u32> {
+        let mut gpus: Vec<u32> = self.on_node(node).flat_map(|l| l.gpus.iter().copied()).collect();
+        gpus.sort_unstable();
+        gpus
+    }
+
+    pub(crate) fn next_expiry(&self) -> Option<UnixMillis> {
+        self.leases.values().map(|l| l.expires_at).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_only_go_up_even_after_restore() {
+        let mut t = LeaseTable::default();
+        let a = t.grant(0, 10, 1, "n", vec![0], 1).epoch;
+        let b = t.grant(0, 10, 2, "n", vec![1], 1).epoch;
+        assert!(b > a);
+        let kept: Vec<Lease> = t.all().cloned().collect();
+        let mut restored = LeaseTable::restore(kept, 0, 0);
+        let c = restored.grant(0, 10, 3, "n", vec![2], 1).epoch;
+        assert!(c > b);
+    }
+
+    #[test]
+    fn renew_never_shortens_a_lease() {
+        let mut t = LeaseTable::default();
+        let id = t.grant(0, 100, 1, "n", vec![0], 1).id;
+        t.renew("n", 10, 50);
+        assert_eq!(t.get(id).unwrap().expires_at, 100);
+        t.renew("n", 80, 50);
+        assert_eq!(t.get(id).unwrap().expires_at, 130);
+        assert_eq!(t.expired(130), vec![id]);
+    }
+}

@@ -1,0 +1,87 @@
+//! A node as the core sees it: its GPUs, what its agent last reported, and whether it serves
+//! or lends.
+
+use std::collections::VecDeque;
+
+use nightshift_common::{
+    GpuInfo, GpuStatus, JobRun, JobRunState, NodeMode, PhaseRecord, ReplicaState, ReplicaStatus,
+    UnixMillis,
+};
+
+/// How many finished phases a node keeps for display.
+const PHASES_KEPT: usize = 32;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub service: String,
+    pub gpus: Vec<GpuInfo>,
+    pub mode: NodeMode,
+    /// Bumped on every change of this node's desired state.
+    pub desired_version: u64,
+    /// When the mode last changed.
+    pub mode_since: UnixMillis,
+    // What the agent last reported; empty until its first heartbeat.
+    pub applied_version: u64,
+    pub last_heartbeat: Option<UnixMillis>,
+    pub gpu_status: Vec<GpuStatus>,
+    pub replica: Option<ReplicaStatus>,
+    pub runs: Vec<JobRun>,
+    pub phases: VecDeque<PhaseRecord>,
+}
+
+impl Node {
+    pub(crate) fn new(name: &str, service: &str, gpus: Vec<GpuInfo>, now: UnixMillis) -> Self {
+        Self {
+            name: name.to_owned(),
+            service: service.to_owned(),
+            gpus,
+            mode: NodeMode::Serve,
+            desired_version: 1,
+            mode_since: now,
+            applied_version: 0,
+            last_heartbeat: None,
+            gpu_status: Vec::new(),
+            replica: None,
+            runs: Vec::new(),
+            phases: VecDeque::new(),
+        }
+    }
+
+    /// Heard from within `ttl_ms`. A node never heard from since the coordinator started
+    /// counts from when it was registered or restored (`mode_since` at the latest).
+    pub fn reachable(&self, now: UnixMillis, ttl_ms: u64) -> bool {
+        self.last_heartbeat.is_some_and(|t| now < t + ttl_ms)
+    }
+
+    /// The replica is up and marked ready.
+    pub fn replica_serving(&self) -> bool {
+        self.replica.as_ref().is_some_and(|r| r.state == ReplicaState::Serving)
+    }
+
+    /// GPUs a job container still occupies, by the agent's own report, whatever the lease
+    /// table says (a container left from an expired lease, for instance).
+    pub fn occupied_gpus(&self) -> Vec<u32> {
+        let mut gpus: Vec<u32> = self
+            .runs
+            .iter()
+            .filter(|r| {
+                !matches!(r.state, JobRunState::Exited { .. } | JobRunState::FailedToStart { .. })
+            })
+            .flat_map(|r| r.gpus.iter().copied())
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
+    pub(crate) fn record_phases(&mut self, phases: &[PhaseRecord]) {
+        let last = self.phases.back().map_or(0, |p| p.seq);
+        for p in phases.iter().filter(|p| p.seq > last) {
+            self.phases.push_back(p.clone());
+            if self.phases.len() > PHASES_KEPT {
+                self.phases.pop_front();
+            }
+        }
+    }
+}

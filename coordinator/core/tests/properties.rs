@@ -1,0 +1,76 @@
+//! Property tests: random sequences of load, submissions, cancels and silences against a
+//! simulated cluster; the DESIGN.md invariants are checked after every step.
+
+mod sim;
+
+use proptest::prelude::*;
+use sim::{Cluster, config, spec};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Submit { gpus: u32, steps: u32, priority: i32 },
+    Load { node: usize, waiting: u8, running: u8 },
+    Gateway { waiting: u8 },
+    Cancel { job: u64 },
+    Silence { node: usize, silent: bool },
+    Wait { steps: u8 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1u32..=4, 1u32..20, -1i32..=1)
+            .prop_map(|(gpus, steps, priority)| Op::Submit { gpus, steps, priority }),
+        3 => (0usize..3, 0u8..5, 0u8..12)
+            .prop_map(|(node, waiting, running)| Op::Load { node, waiting, running }),
+        1 => (0u8..4).prop_map(|waiting| Op::Gateway { waiting }),
+        1 => (1u64..12).prop_map(|job| Op::Cancel { job }),
+        1 => (0usize..3, any::<bool>()).prop_map(|(node, silent)| Op::Silence { node, silent }),
+        4 => (1u8..8).prop_map(|steps| Op::Wait { steps }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_after_every_step(
+        min_replicas in 0u32..=2,
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        let mut c = Cluster::new(config(min_replicas), &[("a", 4), ("b", 4), ("c", 2)]);
+        let names = ["a", "b", "c"];
+        let mut next_job = 1u64;
+        for op in ops {
+            match op {
+                Op::Submit { gpus, steps, priority } => {
+                    let mut s = spec("p", gpus);
+                    s.priority = priority;
+                    if let Ok(id) = c.core.submit(c.now, s) {
+                        for a in &mut c.agents {
+                            a.durations.insert(id, steps);
+                        }
+                        prop_assert_eq!(id, next_job);
+                        next_job += 1;
+                    }
+                }
+                Op::Load { node, waiting, running } => {
+                    c.load(names[node], waiting as f64, running as f64)
+                }
+                Op::Gateway { waiting } => c.core.gateway(c.now, "llm", waiting as u64).unwrap(),
+                Op::Cancel { job } => { let _ = c.core.cancel(c.now, job); }
+                Op::Silence { node, silent } => c.agent(names[node]).silent = silent,
+                Op::Wait { steps } => c.run(steps as usize),
+            }
+            c.assert_invariants();
+        }
+        // Everything heals once the nodes are back and the load is gone.
+        for (i, name) in names.iter().enumerate() {
+            c.agent(name).silent = false;
+            c.load(names[i], 0.0, 0.0);
+        }
+        c.run(400);
+        for job in c.core.jobs() {
+            prop_assert!(job.state.is_finished(), "job {} still {:?}", job.id, job.state);
+        }
+    }
+}

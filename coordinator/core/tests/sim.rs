@@ -1,0 +1,256 @@
+//! A simulated cluster for core tests: agents that follow their desired state the way the
+//! real agent does (drain before jobs, jobs stopped before serving), driven by a virtual
+//! clock, in the manner of quinn-proto's test `Pair`.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use nightshift_common::{
+    CheckpointPolicy, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, JobSpec, ReplicaState,
+    ReplicaStatus, ServingSignals,
+};
+use nightshift_core::{Core, CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
+
+pub const TICK_MS: u64 = 1_000;
+
+pub fn spec(name: &str, gpus: u32) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        image: "trainer:1".into(),
+        command: vec![],
+        args: vec![],
+        env: vec![],
+        gpus,
+        priority: 0,
+        owner: None,
+        checkpoint: CheckpointPolicy::default(),
+    }
+}
+
+pub fn config(min_replicas: u32) -> CoreConfig {
+    CoreConfig {
+        heartbeat_interval_ms: TICK_MS,
+        lease_ttl_ms: 5_000,
+        services: vec![ServicePolicy {
+            name: "llm".into(),
+            min_replicas,
+            scale_down: ScaleDown { max_waiting: 0.0, max_running_per_replica: 2.0, window_ms: 3_000 },
+            scale_up: ScaleUp { waiting_per_replica: 2.0, running_per_replica: 8.0 },
+            cooldown_ms: 2_000,
+            gateway_signal_ttl_ms: 3_000,
+        }],
+    }
+}
+
+/// One simulated agent.
+#[derive(Debug, Clone)]
+pub struct SimAgent {
+    pub name: String,
+    pub gpus: u32,
+    pub replica: ReplicaState,
+    pub runs: Vec<JobRun>,
+    /// Steps each job runs before exiting 0, by job id.
+    pub durations: BTreeMap<u64, u32>,
+    pub progress: BTreeMap<(u64, u64), u32>,
+    pub applied: u64,
+    pub signals: ServingSignals,
+    /// A silent agent neither heartbeats nor acts (a partition or a crash).
+    pub silent: bool,
+    /// Highest lease epoch honoured per GPU.
+    pub fenced: BTreeMap<u32, u64>,
+}
+
+impl SimAgent {
+    pub fn new(name: &str, gpus: u32) -> Self {
+        Self {
+            name: name.into(),
+            gpus,
+            replica: ReplicaState::Starting,
+            runs: Vec::new(),
+            durations: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            applied: 0,
+            signals: ServingSignals {
+                requests_running: Some(0.0),
+                requests_waiting: Some(0.0),
+                kv_cache_usage: Some(0.0),
+            },
+            silent: false,
+            fenced: BTreeMap::new(),
+        }
+    }
+
+    pub fn inventory(&self) -> Vec<GpuInfo> {
+        (0..self.gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{}-{i}", self.name),
+                name: "sim".into(),
+                memory_total_bytes: 80 << 30,
+            })
+            .collect()
+    }
+
+    /// One reconcile step towards the desired state, as the real agent orders it.
+    pub fn step(&mut self, core: &Core) {
+        let Some(desired) = core.desired(&self.name) else { return };
+        let leases: Vec<_> = desired
+            .leases
+            .iter()
+            .filter(|l| l.gpus.iter().all(|g| self.fenced.get(g).is_none_or(|&e| l.epoch >= e)))
+            .cloned()
+            .collect();
+        // Jobs not (or no longer) leased are stopped; exited ones are forgotten once their
+        // lease is gone from the desired state.
+        self.runs.retain(|r| {
+            leases.iter().any(|l| l.lease_id == r.lease_id)
+                || !matches!(r.state, JobRunState::Exited { .. })
+        });
+        for r in &mut self.runs {
+            let leased = leases.iter().any(|l| l.lease_id == r.lease_id);
+            if !leased && !matches!(r.state, JobRunState::Exited { .. }) {
+                r.state = JobRunState::Exited { exit_code: 143, stopped_by_agent: true };
+            }
+        }
+        let jobs_live = self.runs.iter().any(|r| !matches!(r.state, JobRunState::Exited { .. }));
+        if desired.serve && leases.is_empty() {
+            self.replica = match self.replica {
+                _ if jobs_live => ReplicaState::Stopped,
+                ReplicaState::Stopped | ReplicaState::Draining | ReplicaState::Failed => {
+                    ReplicaState::Starting
+                }
+                ReplicaState::Starting | ReplicaState::Serving => ReplicaState::Serving,
+            };
+        } else {
+            self.replica = match self.replica {
+                ReplicaState::Serving | ReplicaState::Starting => ReplicaState::Draining,
+                _ => ReplicaState::Stopped,
+            };
+            for l in &leases {
+                for g in &l.gpus {
+                    self.fenced.insert(*g, l.epoch);
+                }
+                if !self.runs.iter().any(|r| r.lease_id == l.lease_id) {
+                    self.runs.push(JobRun {
+                        job_id: l.job_id,
+                        attempt: l.attempt,
+                        lease_id: l.lease_id,
+                        epoch: l.epoch,
+                        gpus: l.gpus.clone(),
+                        state: JobRunState::Pending,
+                        outputs: BTreeMap::new(),
+                    });
+                }
+            }
+            if self.replica == ReplicaState::Stopped {
+                for r in &mut self.runs {
+                    if r.state == JobRunState::Pending {
+                        r.state = JobRunState::Running;
+                    }
+                }
+            }
+        }
+        for r in &mut self.runs {
+            if r.state == JobRunState::Running {
+                let done = self.progress.entry((r.job_id, r.lease_id)).or_default();
+                *done += 1;
+                if *done >= self.durations.get(&r.job_id).copied().unwrap_or(5) {
+                    r.state = JobRunState::Exited { exit_code: 0, stopped_by_agent: false };
+                }
+            }
+        }
+        self.applied = desired.version;
+    }
+
+    pub fn heartbeat(&self) -> Heartbeat {
+        let signals = if self.replica == ReplicaState::Serving {
+            self.signals.clone()
+        } else {
+            ServingSignals::default()
+        };
+        Heartbeat {
+            gpus: (0..self.gpus)
+                .map(|i| GpuStatus { index: i, memory_used_bytes: 0, healthy: true })
+                .collect(),
+            replica: ReplicaStatus { state: self.replica, signals },
+            jobs: self.runs.clone(),
+            applied_version: self.applied,
+            phases: vec![],
+        }
+    }
+
+    /// No GPU runs a job while the replica holds it.
+    pub fn one_owner(&self) -> Result<(), String> {
+        let jobs_running = self.runs.iter().any(|r| r.state == JobRunState::Running);
+        if jobs_running && self.replica != ReplicaState::Stopped {
+            return Err(format!("{}: jobs run while the replica is {:?}", self.name, self.replica));
+        }
+        let mut seen = BTreeMap::new();
+        for r in self.runs.iter().filter(|r| r.state == JobRunState::Running) {
+            for g in &r.gpus {
+                if let Some(other) = seen.insert(*g, r.lease_id) {
+                    return Err(format!("{} gpu {g}: leases {other} and {}", self.name, r.lease_id));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A core and its simulated agents on a virtual clock.
+pub struct Cluster {
+    pub core: Core,
+    pub agents: Vec<SimAgent>,
+    pub now: u64,
+}
+
+impl Cluster {
+    pub fn new(config: CoreConfig, nodes: &[(&str, u32)]) -> Self {
+        let mut core = Core::new(config);
+        let now = 1_000_000;
+        let agents: Vec<SimAgent> = nodes.iter().map(|(n, g)| SimAgent::new(n, *g)).collect();
+        for a in &agents {
+            core.register(now, &a.name, "llm", a.inventory()).expect("register");
+        }
+        Self { core, agents, now }
+    }
+
+    /// One heartbeat interval: every agent acts and reports, then the clock advances.
+    pub fn step(&mut self) {
+        for a in self.agents.iter_mut().filter(|a| !a.silent) {
+            a.step(&self.core);
+            let beat = a.heartbeat();
+            self.core.heartbeat(self.now, &a.name, beat).expect("heartbeat");
+        }
+        self.now += TICK_MS;
+        self.core.tick(self.now);
+    }
+
+    pub fn run(&mut self, steps: usize) {
+        for _ in 0..steps {
+            self.step();
+            self.assert_invariants();
+        }
+    }
+
+    pub fn assert_invariants(&self) {
+        let violations = self.core.check_invariants();
+        assert!(violations.is_empty(), "at {}: {violations:?}", self.now);
+        for a in &self.agents {
+            if let Err(e) = a.one_owner() {
+                panic!("at {}: {e}", self.now);
+            }
+        }
+    }
+
+    pub fn agent(&mut self, name: &str) -> &mut SimAgent {
+        self.agents.iter_mut().find(|a| a.name == name).expect("agent")
+    }
+
+    pub fn load(&mut self, name: &str, waiting: f64, running: f64) {
+        let a = self.agent(name);
+        a.signals.requests_waiting = Some(waiting);
+        a.signals.requests_running = Some(running);
+    }
+}
