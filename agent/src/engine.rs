@@ -68,7 +68,9 @@ pub enum ContainerState {
     Running,
     /// Paused, restarting or being removed: not ours to touch until it settles.
     Transitioning,
-    Exited { exit_code: i64 },
+    Exited {
+        exit_code: i64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,13 +99,22 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Creates and starts a container; returns its id. Fails with `ImageMissing` when the
     /// image is not on the host.
-    fn run(&self, spec: &ContainerSpec) -> impl Future<Output = Result<String, EngineError>> + Send;
+    fn run(&self, spec: &ContainerSpec)
+    -> impl Future<Output = Result<String, EngineError>> + Send;
 
     /// Sends `signal` (e.g. `SIGTERM`) to the container's main process.
-    fn signal(&self, id: &str, signal: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+    fn signal(
+        &self,
+        id: &str,
+        signal: &str,
+    ) -> impl Future<Output = Result<(), EngineError>> + Send;
 
     /// Sends the container's stop signal, waits up to `grace`, then kills it.
-    fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), EngineError>> + Send;
+    fn stop(
+        &self,
+        id: &str,
+        grace: Duration,
+    ) -> impl Future<Output = Result<(), EngineError>> + Send;
 
     fn remove(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
 

@@ -30,3 +30,47 @@ pub trait Gpus: Send + Sync + 'static {
     /// How a container gets exactly these GPUs (host indices).
     fn access(&self, indices: &[u32]) -> GpuAccess;
 }
+
+/// The GPUs this agent runs with: NVML, or fake ones when configured.
+pub enum HostGpus {
+    Nvml(nvml::NvmlGpus),
+    Fake(fake::FakeGpus),
+}
+
+impl HostGpus {
+    /// Fake GPUs when `fake` is set, otherwise NVML; fails with NVML's reason when the driver
+    /// is missing.
+    pub fn open(
+        node: &str,
+        fake: Option<u32>,
+        library: Option<&std::path::Path>,
+    ) -> Result<Self, GpuError> {
+        match fake {
+            Some(n) => Ok(Self::Fake(fake::FakeGpus::new(node, n))),
+            None => nvml::NvmlGpus::open(library).map(Self::Nvml),
+        }
+    }
+}
+
+impl Gpus for HostGpus {
+    fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        match self {
+            Self::Nvml(g) => g.inventory(),
+            Self::Fake(g) => g.inventory(),
+        }
+    }
+
+    fn status(&self) -> Result<Vec<GpuStatus>, GpuError> {
+        match self {
+            Self::Nvml(g) => g.status(),
+            Self::Fake(g) => g.status(),
+        }
+    }
+
+    fn access(&self, indices: &[u32]) -> GpuAccess {
+        match self {
+            Self::Nvml(g) => g.access(indices),
+            Self::Fake(g) => g.access(indices),
+        }
+    }
+}

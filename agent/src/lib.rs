@@ -3,6 +3,16 @@
 //! It registers with the coordinator, heartbeats what it sees, and reconciles the host towards
 //! the node's desired state: a serving vLLM replica, or job containers on leased GPUs.
 
+pub mod agent;
+pub mod config;
+pub mod drain;
 pub mod engine;
 pub mod gpus;
+pub mod job;
+pub mod readiness;
+pub mod reclaim;
+pub mod reconcile;
+pub mod replica;
 pub mod serving;
+pub mod state;
+pub mod uplink;

@@ -135,9 +135,14 @@ pub enum JobRunState {
     Stopping,
     /// The container ended. `stopped_by_agent` is true when the agent stopped it (reclaim,
     /// cancel, a revoked lease) rather than the job ending by itself.
-    Exited { exit_code: i64, stopped_by_agent: bool },
+    Exited {
+        exit_code: i64,
+        stopped_by_agent: bool,
+    },
     /// The container could not be created or started.
-    FailedToStart { message: String },
+    FailedToStart {
+        message: String,
+    },
 }
 
 /// The node's desired state. `serve` and `leases` are exclusive in effect: while any lease

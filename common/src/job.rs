@@ -64,13 +64,17 @@ fn default_grace() -> u32 {
 
 impl Default for CheckpointPolicy {
     fn default() -> Self {
-        Self { signal: default_signal(), grace_period_seconds: default_grace() }
+        Self {
+            signal: default_signal(),
+            grace_period_seconds: default_grace(),
+        }
     }
 }
 
 /// The signals a job may choose as its checkpoint signal.
-pub const CHECKPOINT_SIGNALS: &[&str] =
-    &["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"];
+pub const CHECKPOINT_SIGNALS: &[&str] = &[
+    "SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT",
+];
 
 /// Longest grace period a job may ask for: one hour.
 pub const MAX_GRACE_SECONDS: u32 = 3600;
@@ -85,7 +89,10 @@ pub struct SpecError {
 
 impl SpecError {
     pub fn new(field: impl Into<String>, rule: impl Into<String>) -> Self {
-        Self { field: field.into(), rule: rule.into() }
+        Self {
+            field: field.into(),
+            rule: rule.into(),
+        }
     }
 }
 
@@ -110,7 +117,10 @@ impl JobSpec {
         for (i, var) in self.env.iter().enumerate() {
             let valid = !var.name.is_empty()
                 && !var.name.starts_with(|c: char| c.is_ascii_digit())
-                && var.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                && var
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid {
                 return Err(SpecError::new(
                     format!("env[{i}].name"),
@@ -185,29 +195,34 @@ mod tests {
     fn zero_gpus_is_refused() {
         let mut s = spec();
         s.gpus = 0;
-        assert_eq!(s.validate().unwrap_err().to_string(), "gpus: must be at least 1");
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "gpus: must be at least 1"
+        );
     }
 
     #[test]
     fn reserved_env_prefix_is_refused() {
         let mut s = spec();
-        s.env.push(EnvVar { name: "NIGHTSHIFT_JOB_ID".into(), value: "x".into() });
+        s.env.push(EnvVar {
+            name: "NIGHTSHIFT_JOB_ID".into(),
+            value: "x".into(),
+        });
         assert_eq!(s.validate().unwrap_err().field, "env[0].name");
     }
 
     #[test]
     fn unknown_field_is_refused_with_its_name() {
-        let err = serde_json::from_str::<JobSpec>(
-            r#"{"name":"a","image":"b","gpus":1,"gpu":3}"#,
-        )
-        .unwrap_err();
+        let err = serde_json::from_str::<JobSpec>(r#"{"name":"a","image":"b","gpus":1,"gpu":3}"#)
+            .unwrap_err();
         assert!(err.to_string().contains("unknown field `gpu`"), "{err}");
     }
 
     #[test]
     fn yaml_job_file_parses_and_unknown_keys_name_the_line() {
-        let s = JobSpec::from_yaml("name: a\nimage: b\ngpus: 1\nenv:\n  - name: X\n    value: \"1\"\n")
-            .unwrap();
+        let s =
+            JobSpec::from_yaml("name: a\nimage: b\ngpus: 1\nenv:\n  - name: X\n    value: \"1\"\n")
+                .unwrap();
         assert_eq!(s.env[0].value, "1");
         let err = JobSpec::from_yaml("name: a\nimage: b\ngpus: 1\nimagePullPolicy: Always\n")
             .unwrap_err();

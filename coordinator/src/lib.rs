@@ -1,1 +1,10 @@
-//! stub
+//! nightshift-coordinator: the coordinator service and the CLI.
+
+pub mod cli;
+pub mod client;
+pub mod cluster;
+pub mod config;
+pub mod demo;
+pub mod http;
+pub mod server;
+pub mod store;

@@ -1,1 +1,518 @@
-//! TODO: being written
+//! The [`Engine`] adapter for the Docker Engine API, through bollard.
+//!
+//! This is the only file that knows bollard. It translates a [`ContainerSpec`] into a create
+//! request (docker-init as PID 1, no restart policy, GPUs as a device request or as
+//! environment) and Docker's answers back into [`Container`] values and [`EngineError`]s.
+//! Calls are idempotent where Docker allows it: running a spec whose container already runs
+//! returns that container, and stopping or removing a container that is gone succeeds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, DeviceRequest,
+    HostConfig, PortBinding, PortMap, RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+};
+use futures_util::TryStreamExt;
+
+use super::{
+    Container, ContainerSpec, ContainerState, Engine, EngineError, GpuAccess, PortPublish,
+};
+
+/// Where bollard looks when `DOCKER_HOST` names no unix socket.
+const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
+
+/// How long a `stop` request may outlast its grace period before the client gives up: Docker
+/// answers only once the container has exited, after the kill that follows the grace period.
+const STOP_REQUEST_MARGIN: Duration = Duration::from_secs(30);
+
+/// The Docker engine on this host.
+#[derive(Debug, Clone)]
+pub struct DockerEngine {
+    docker: Docker,
+}
+
+impl DockerEngine {
+    /// Connects to the local daemon (`DOCKER_HOST` when it is a `unix://` address, else
+    /// `/var/run/docker.sock`) and settles on the highest API version both sides speak.
+    pub async fn connect() -> Result<Self, EngineError> {
+        let socket = socket_address();
+        let unreachable = |err: DockerError| {
+            EngineError::Other(format!(
+                "cannot reach the docker daemon at {socket}: {err} \
+                 (is dockerd running, and may this user open its socket?)"
+            ))
+        };
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(unreachable)?
+            .negotiate_version()
+            .await
+            .map_err(unreachable)?;
+        tracing::info!(socket = %socket, api = %docker.client_version(), "connected to docker");
+        Ok(Self { docker })
+    }
+
+    /// The container named `name`, if there is one.
+    async fn find_by_name(&self, name: &str) -> Result<Option<Container>, EngineError> {
+        match self.inspect(name).await {
+            Ok(container) => Ok(Some(container)),
+            Err(EngineError::NotFound(_)) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn create(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        let options = CreateContainerOptionsBuilder::new()
+            .name(&spec.name)
+            .build();
+        let created = self
+            .docker
+            .create_container(Some(options), create_body(spec))
+            .await
+            .map_err(|err| match err {
+                DockerError::DockerResponseServerError {
+                    status_code: 404,
+                    ref message,
+                } if message.to_ascii_lowercase().contains("image") => {
+                    EngineError::ImageMissing(spec.image.clone())
+                }
+                other => engine_error(&spec.name, other),
+            })?;
+        for warning in &created.warnings {
+            tracing::warn!(container.name = %spec.name, %warning, "docker create warning");
+        }
+        Ok(created.id)
+    }
+
+    /// Starts a created container; removes it when it cannot start, so that a failed `run`
+    /// leaves nothing behind.
+    async fn start(&self, spec: &ContainerSpec, id: &str) -> Result<(), EngineError> {
+        let Err(err) = self.docker.start_container(id, None).await else {
+            return Ok(());
+        };
+        let err = engine_error(&spec.name, err);
+        if let Err(cleanup) = self.remove(id).await {
+            tracing::warn!(container.id = %id, error = %cleanup, "cannot remove container that failed to start");
+        }
+        Err(err)
+    }
+}
+
+impl Engine for DockerEngine {
+    async fn version(&self) -> Result<String, EngineError> {
+        let version = self
+            .docker
+            .version()
+            .await
+            .map_err(|err| engine_error("version", err))?;
+        Ok(format!(
+            "Docker {} (API {})",
+            version.version.as_deref().unwrap_or("unknown"),
+            version.api_version.as_deref().unwrap_or("unknown"),
+        ))
+    }
+
+    async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Container>, EngineError> {
+        let filters = HashMap::from([("label", label_filters(labels))]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let summaries = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|err| engine_error("list", err))?;
+        // The summary carries no exit code; inspect gives the whole, consistent picture.
+        let mut containers = Vec::with_capacity(summaries.len());
+        for id in summaries.into_iter().filter_map(|summary| summary.id) {
+            match self.inspect(&id).await {
+                Ok(container) => containers.push(container),
+                // Removed between the list and the inspect.
+                Err(EngineError::NotFound(_)) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(containers)
+    }
+
+    async fn inspect(&self, id: &str) -> Result<Container, EngineError> {
+        let response = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|err| engine_error(id, err))?;
+        Ok(to_container(response))
+    }
+
+    async fn run(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        if let Some(existing) = self.find_by_name(&spec.name).await? {
+            if matches!(
+                existing.state,
+                ContainerState::Running | ContainerState::Transitioning
+            ) {
+                tracing::debug!(container.name = %spec.name, container.id = %existing.id, "already running");
+                return Ok(existing.id);
+            }
+            tracing::info!(
+                container.name = %spec.name, container.id = %existing.id, state = ?existing.state,
+                "removing stale container before re-running"
+            );
+            self.remove(&existing.id).await?;
+        }
+        let id = self.create(spec).await?;
+        self.start(spec, &id).await?;
+        tracing::info!(container.name = %spec.name, container.id = %id, image = %spec.image, "container started");
+        Ok(id)
+    }
+
+    async fn signal(&self, id: &str, signal: &str) -> Result<(), EngineError> {
+        let options = KillContainerOptionsBuilder::new().signal(signal).build();
+        match self.docker.kill_container(id, Some(options)).await {
+            Ok(()) => {
+                tracing::debug!(container.id = %id, signal, "signal sent");
+                Ok(())
+            }
+            // A container that is not running has no process left to tell anything (a paused
+            // one, also 409, is an error).
+            Err(DockerError::DockerResponseServerError {
+                status_code: 409,
+                ref message,
+            }) if message.contains("is not running") => {
+                tracing::debug!(container.id = %id, signal, "signal to a stopped container dropped");
+                Ok(())
+            }
+            Err(err) => Err(engine_error(id, err)),
+        }
+    }
+
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), EngineError> {
+        let seconds = grace_seconds(grace);
+        let options = StopContainerOptionsBuilder::new().t(seconds).build();
+        // The request lasts as long as the grace period; the default client timeout may not.
+        let docker = self
+            .docker
+            .clone()
+            .with_timeout(grace + STOP_REQUEST_MARGIN);
+        match docker.stop_container(id, Some(options)).await {
+            // 304 (already stopped) is a success for bollard.
+            Ok(()) => {
+                tracing::debug!(container.id = %id, grace_s = seconds, "container stopped");
+                Ok(())
+            }
+            Err(err) if is_not_found(&err) => Ok(()),
+            Err(err) => Err(engine_error(id, err)),
+        }
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), EngineError> {
+        let options = RemoveContainerOptionsBuilder::new().force(true).build();
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) => {
+                tracing::debug!(container.id = %id, "container removed");
+                Ok(())
+            }
+            Err(err) if is_not_found(&err) => Ok(()),
+            Err(err) => Err(engine_error(id, err)),
+        }
+    }
+
+    async fn logs(&self, id: &str, tail: Option<usize>) -> Result<String, EngineError> {
+        let tail = tail.map_or_else(|| "all".to_owned(), |lines| lines.to_string());
+        let options = LogsOptionsBuilder::new()
+            .stdout(true)
+            .stderr(true)
+            .follow(false)
+            .tail(&tail)
+            .build();
+        let bytes = self
+            .docker
+            .logs(id, Some(options))
+            .try_fold(Vec::new(), |mut bytes, chunk| async move {
+                bytes.extend_from_slice(&chunk.into_bytes());
+                Ok(bytes)
+            })
+            .await
+            .map_err(|err| engine_error(id, err))?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}
+
+/// The socket `connect_with_local_defaults` dials, for error messages.
+fn socket_address() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|host| host.starts_with("unix://"))
+        .unwrap_or_else(|| DEFAULT_SOCKET.to_owned())
+}
+
+/// Docker's answer, in the port's words: 404 is `NotFound(subject)`.
+fn engine_error(subject: &str, err: DockerError) -> EngineError {
+    if is_not_found(&err) {
+        EngineError::NotFound(subject.to_owned())
+    } else {
+        EngineError::Other(format!("{subject}: {err}"))
+    }
+}
+
+fn is_not_found(err: &DockerError) -> bool {
+    matches!(
+        err,
+        DockerError::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+/// Docker's `t`: whole seconds, rounded up, at least one.
+fn grace_seconds(grace: Duration) -> i32 {
+    let rounded_up = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
+    i32::try_from(rounded_up.max(1)).unwrap_or(i32::MAX)
+}
+
+/// `label` filters: a container must carry every `key=value`.
+fn label_filters(labels: &BTreeMap<String, String>) -> Vec<String> {
+    labels
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect()
+}
+
+fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
+    let (gpu_env, device_requests) = gpu_settings(&spec.gpus);
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        entrypoint: non_empty(&spec.entrypoint),
+        cmd: non_empty(&spec.args),
+        env: Some(environment(&spec.env, &gpu_env)),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        stop_signal: spec.stop_signal.clone(),
+        exposed_ports: spec.publish.as_ref().map(|publish| vec![port_key(publish)]),
+        host_config: Some(HostConfig {
+            binds: Some(
+                spec.binds
+                    .iter()
+                    .map(|(host, container)| format!("{host}:{container}"))
+                    .collect(),
+            ),
+            // docker-init as PID 1 forwards signals to a workload that installs no handler.
+            init: Some(true),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
+            device_requests,
+            port_bindings: spec.publish.as_ref().map(port_bindings),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn non_empty(words: &[String]) -> Option<Vec<String>> {
+    (!words.is_empty()).then(|| words.to_vec())
+}
+
+/// The GPU environment and the device request for one way of giving GPUs.
+fn gpu_settings(gpus: &GpuAccess) -> (Vec<(String, String)>, Option<Vec<DeviceRequest>>) {
+    match gpus {
+        GpuAccess::None => (Vec::new(), None),
+        GpuAccess::DeviceRequest { device_ids } => (
+            Vec::new(),
+            Some(vec![DeviceRequest {
+                driver: Some("nvidia".to_owned()),
+                device_ids: Some(device_ids.clone()),
+                capabilities: Some(vec![vec!["gpu".to_owned()]]),
+                ..Default::default()
+            }]),
+        ),
+        GpuAccess::VisibleDevicesEnv { indices } => {
+            let list = indices
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            let env = ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+                .map(|key| (key.to_owned(), list.clone()));
+            (env.to_vec(), None)
+        }
+    }
+}
+
+/// `KEY=VALUE` pairs: the spec's, except those the GPU selection sets, then the GPU ones.
+fn environment(env: &[(String, String)], gpu_env: &[(String, String)]) -> Vec<String> {
+    let overridden = |key: &String| gpu_env.iter().any(|(gpu_key, _)| gpu_key == key);
+    env.iter()
+        .filter(|(key, _)| !overridden(key))
+        .chain(gpu_env)
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect()
+}
+
+fn port_key(publish: &PortPublish) -> String {
+    format!("{}/tcp", publish.container_port)
+}
+
+/// An empty host port lets Docker choose a free one.
+fn port_bindings(publish: &PortPublish) -> PortMap {
+    let host_port = match publish.host_port {
+        0 => String::new(),
+        port => port.to_string(),
+    };
+    let binding = PortBinding {
+        host_ip: Some(publish.host_ip.clone()),
+        host_port: Some(host_port),
+    };
+    HashMap::from([(port_key(publish), Some(vec![binding]))])
+}
+
+fn to_container(response: ContainerInspectResponse) -> Container {
+    let config = response.config.unwrap_or_default();
+    let published_port = response
+        .network_settings
+        .and_then(|settings| settings.ports)
+        .and_then(|ports| first_host_port(&ports));
+    Container {
+        id: response.id.unwrap_or_default(),
+        name: response
+            .name
+            .map(|name| name.trim_start_matches('/').to_owned())
+            .unwrap_or_default(),
+        // The reference the container was created from, not the image id.
+        image: config.image.or(response.image).unwrap_or_default(),
+        labels: config.labels.unwrap_or_default().into_iter().collect(),
+        state: response
+            .state
+            .map_or(ContainerState::Transitioning, |state| {
+                to_state(state.status, state.exit_code)
+            }),
+        published_port,
+    }
+}
+
+fn to_state(status: Option<ContainerStateStatusEnum>, exit_code: Option<i64>) -> ContainerState {
+    match status {
+        Some(ContainerStateStatusEnum::CREATED) => ContainerState::Created,
+        Some(ContainerStateStatusEnum::RUNNING) => ContainerState::Running,
+        Some(ContainerStateStatusEnum::EXITED | ContainerStateStatusEnum::DEAD) => {
+            ContainerState::Exited {
+                exit_code: exit_code.unwrap_or_default(),
+            }
+        }
+        _ => ContainerState::Transitioning,
+    }
+}
+
+/// The host port bound to a published container port (the agent publishes at most one).
+fn first_host_port(ports: &PortMap) -> Option<u16> {
+    let mut keys: Vec<&String> = ports.keys().collect();
+    keys.sort();
+    keys.into_iter()
+        .filter_map(|key| ports.get(key).cloned().flatten())
+        .flatten()
+        .filter_map(|binding| binding.host_port?.parse::<u16>().ok())
+        .find(|port| *port != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_is_rounded_up_to_whole_seconds_and_at_least_one() {
+        assert_eq!(grace_seconds(Duration::ZERO), 1);
+        assert_eq!(grace_seconds(Duration::from_millis(200)), 1);
+        assert_eq!(grace_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(grace_seconds(Duration::from_millis(2001)), 3);
+        assert_eq!(grace_seconds(Duration::from_secs(u64::MAX)), i32::MAX);
+    }
+
+    #[test]
+    fn visible_devices_env_overrides_the_spec_and_requests_no_device() {
+        let (gpu_env, requests) = gpu_settings(&GpuAccess::VisibleDevicesEnv {
+            indices: vec![1, 3],
+        });
+        assert!(requests.is_none());
+        let env = [
+            ("CUDA_VISIBLE_DEVICES".to_owned(), "0".to_owned()),
+            ("A".to_owned(), "b".to_owned()),
+        ];
+        assert_eq!(
+            environment(&env, &gpu_env),
+            [
+                "A=b",
+                "NVIDIA_VISIBLE_DEVICES=1,3",
+                "CUDA_VISIBLE_DEVICES=1,3"
+            ]
+        );
+    }
+
+    #[test]
+    fn device_request_names_the_nvidia_driver_and_gpu_capability() {
+        let (gpu_env, requests) = gpu_settings(&GpuAccess::DeviceRequest {
+            device_ids: vec!["GPU-a".to_owned()],
+        });
+        assert!(gpu_env.is_empty());
+        let request = &requests.unwrap_or_default()[0];
+        assert_eq!(request.driver.as_deref(), Some("nvidia"));
+        assert_eq!(request.device_ids, Some(vec!["GPU-a".to_owned()]));
+        assert_eq!(request.capabilities, Some(vec![vec!["gpu".to_owned()]]));
+        assert_eq!(request.count, None);
+    }
+
+    #[test]
+    fn port_zero_is_left_for_docker_to_choose() {
+        let publish = PortPublish {
+            container_port: 8000,
+            host_ip: "127.0.0.1".to_owned(),
+            host_port: 0,
+        };
+        let bindings = port_bindings(&publish);
+        let binding = &bindings["8000/tcp"].clone().unwrap_or_default()[0];
+        assert_eq!(binding.host_ip.as_deref(), Some("127.0.0.1"));
+        assert_eq!(binding.host_port.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn host_port_is_read_from_the_first_bound_port() {
+        let ports = HashMap::from([
+            ("9000/tcp".to_owned(), None),
+            (
+                "8000/tcp".to_owned(),
+                Some(vec![PortBinding {
+                    host_ip: Some("127.0.0.1".to_owned()),
+                    host_port: Some("49153".to_owned()),
+                }]),
+            ),
+        ]);
+        assert_eq!(first_host_port(&ports), Some(49153));
+        assert_eq!(first_host_port(&HashMap::new()), None);
+    }
+
+    #[test]
+    fn exited_and_dead_report_the_exit_code_other_states_are_transitioning() {
+        use ContainerStateStatusEnum as S;
+        assert_eq!(
+            to_state(Some(S::EXITED), Some(137)),
+            ContainerState::Exited { exit_code: 137 }
+        );
+        assert_eq!(
+            to_state(Some(S::DEAD), Some(1)),
+            ContainerState::Exited { exit_code: 1 }
+        );
+        assert_eq!(to_state(Some(S::CREATED), None), ContainerState::Created);
+        assert_eq!(to_state(Some(S::RUNNING), Some(0)), ContainerState::Running);
+        assert_eq!(
+            to_state(Some(S::PAUSED), None),
+            ContainerState::Transitioning
+        );
+        assert_eq!(to_state(None, None), ContainerState::Transitioning);
+    }
+}

@@ -26,7 +26,13 @@ struct Load {
 
 impl Core {
     pub(crate) fn autoscale(&mut self, now: UnixMillis, service: &str) {
-        let Some(policy) = self.config.services.iter().find(|p| p.name == service).cloned() else {
+        let Some(policy) = self
+            .config
+            .services
+            .iter()
+            .find(|p| p.name == service)
+            .cloned()
+        else {
             return;
         };
         let load = self.load(now, &policy);
@@ -41,7 +47,9 @@ impl Core {
             return;
         }
         let low_since = *state.low_since.get_or_insert(now);
-        let cooled = state.last_change.is_none_or(|t| now >= t + policy.cooldown_ms);
+        let cooled = state
+            .last_change
+            .is_none_or(|t| now >= t + policy.cooldown_ms);
         if now < low_since + policy.scale_down.window_ms || !cooled {
             return;
         }
@@ -55,8 +63,11 @@ impl Core {
 
     fn load(&self, now: UnixMillis, policy: &ServicePolicy) -> Load {
         let ttl = self.config.lease_ttl_ms;
-        let nodes: Vec<&Node> =
-            self.nodes.values().filter(|n| n.service == policy.name && n.reachable(now, ttl)).collect();
+        let nodes: Vec<&Node> = self
+            .nodes
+            .values()
+            .filter(|n| n.service == policy.name && n.reachable(now, ttl))
+            .collect();
         let ready: Vec<&Node> = nodes
             .iter()
             .copied()
@@ -119,19 +130,37 @@ impl Core {
                     .filter_map(|l| self.jobs.get(&l.job))
                     .collect();
                 let busy = !jobs.is_empty();
-                let priority = jobs.iter().map(|j| j.spec.priority).max().unwrap_or(i32::MIN);
-                let newest_start =
-                    jobs.iter().filter_map(|j| j.started_at.or(Some(now))).max().unwrap_or(now);
-                (busy, priority, std::cmp::Reverse(newest_start), n.name.clone())
+                let priority = jobs
+                    .iter()
+                    .map(|j| j.spec.priority)
+                    .max()
+                    .unwrap_or(i32::MIN);
+                let newest_start = jobs
+                    .iter()
+                    .filter_map(|j| j.started_at.or(Some(now)))
+                    .max()
+                    .unwrap_or(now);
+                (
+                    busy,
+                    priority,
+                    std::cmp::Reverse(newest_start),
+                    n.name.clone(),
+                )
             })
             .map(|n| n.name.clone())
     }
 
     fn reclaim(&mut self, now: UnixMillis, node: &str) {
-        let leases: Vec<u64> =
-            self.leases.on_node(node).filter(|l| !l.revoked).map(|l| l.id).collect();
+        let leases: Vec<u64> = self
+            .leases
+            .on_node(node)
+            .filter(|l| !l.revoked)
+            .map(|l| l.id)
+            .collect();
         for lease in leases {
-            let Some(job) = self.leases.get(lease).map(|l| l.job) else { continue };
+            let Some(job) = self.leases.get(lease).map(|l| l.job) else {
+                continue;
+            };
             self.revoke(lease);
             let _ = self.job_event(now, job, crate::job::JobEvent::Preempt);
         }
@@ -176,8 +205,11 @@ impl Core {
 
     /// Queued jobs in the order they run: higher priority first, then first submitted.
     pub(crate) fn queue(&self) -> Vec<u64> {
-        let mut queued: Vec<_> =
-            self.jobs.values().filter(|j| j.state == JobState::Queued).collect();
+        let mut queued: Vec<_> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Queued)
+            .collect();
         queued.sort_by_key(|j| (std::cmp::Reverse(j.spec.priority), j.submitted_at, j.id));
         queued.into_iter().map(|j| j.id).collect()
     }

@@ -62,7 +62,11 @@ pub struct ScaleDown {
 
 impl Default for ScaleDown {
     fn default() -> Self {
-        Self { max_waiting: 0.0, max_running_per_replica: 4.0, window_ms: 600_000 }
+        Self {
+            max_waiting: 0.0,
+            max_running_per_replica: 4.0,
+            window_ms: 600_000,
+        }
     }
 }
 
@@ -77,6 +81,9 @@ pub struct ScaleUp {
 
 impl Default for ScaleUp {
     fn default() -> Self {
-        Self { waiting_per_replica: 2.0, running_per_replica: 32.0 }
+        Self {
+            waiting_per_replica: 2.0,
+            running_per_replica: 32.0,
+        }
     }
 }

@@ -35,7 +35,11 @@ pub enum CoreError {
     #[error("node {0} is not registered")]
     UnknownNode(String),
     #[error("node {node} is registered for service {registered}, not {asked}")]
-    ServiceMismatch { node: String, registered: String, asked: String },
+    ServiceMismatch {
+        node: String,
+        registered: String,
+        asked: String,
+    },
     #[error("job {0} not found")]
     UnknownJob(u64),
     #[error("job {job} is already {state}")]
@@ -114,8 +118,11 @@ impl Core {
             })
             .collect();
         let max_job = jobs.keys().copied().max().unwrap_or(0);
-        let services =
-            config.services.iter().map(|s| (s.name.clone(), ServiceState::default())).collect();
+        let services = config
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), ServiceState::default()))
+            .collect();
         Self {
             config,
             nodes,
@@ -180,7 +187,10 @@ impl Core {
         node: &str,
         beat: Heartbeat,
     ) -> Result<(), CoreError> {
-        let n = self.nodes.get_mut(node).ok_or_else(|| CoreError::UnknownNode(node.to_owned()))?;
+        let n = self
+            .nodes
+            .get_mut(node)
+            .ok_or_else(|| CoreError::UnknownNode(node.to_owned()))?;
         n.last_heartbeat = Some(now);
         n.applied_version = beat.applied_version;
         n.gpu_status = beat.gpus;
@@ -193,23 +203,31 @@ impl Core {
 
         let node_leases: Vec<Lease> = self.leases.on_node(node).cloned().collect();
         for lease in node_leases {
-            let run = runs.iter().find(|r| r.lease_id == lease.id && r.epoch == lease.epoch);
+            let run = runs
+                .iter()
+                .find(|r| r.lease_id == lease.id && r.epoch == lease.epoch);
             let event = match run.map(|r| &r.state) {
                 Some(JobRunState::Running | JobRunState::Stopping) => Some(JobEvent::Started),
                 Some(JobRunState::Pending) => None,
-                Some(JobRunState::Exited { exit_code, stopped_by_agent }) => {
+                Some(JobRunState::Exited {
+                    exit_code,
+                    stopped_by_agent,
+                }) => {
                     if lease.revoked || *stopped_by_agent {
                         Some(JobEvent::Requeue {
                             message: Some("preempted: the node serves again".to_owned()),
                         })
                     } else {
                         let outputs = run.map(|r| r.outputs.clone()).unwrap_or_default();
-                        Some(JobEvent::Exited { exit_code: *exit_code, outputs })
+                        Some(JobEvent::Exited {
+                            exit_code: *exit_code,
+                            outputs,
+                        })
                     }
                 }
-                Some(JobRunState::FailedToStart { message }) => {
-                    Some(JobEvent::StartFailed { message: message.clone() })
-                }
+                Some(JobRunState::FailedToStart { message }) => Some(JobEvent::StartFailed {
+                    message: message.clone(),
+                }),
                 // Not reported although the agent has applied the state that granted it (or
                 // the lease was revoked): the container is gone.
                 None if lease.revoked || applied >= lease.granted_version.max(1) => {
@@ -230,7 +248,12 @@ impl Core {
 
     /// A load balancer or gateway in front of `service` holds `waiting` requests because no
     /// replica is ready.
-    pub fn gateway(&mut self, now: UnixMillis, service: &str, waiting: u64) -> Result<(), CoreError> {
+    pub fn gateway(
+        &mut self,
+        now: UnixMillis,
+        service: &str,
+        waiting: u64,
+    ) -> Result<(), CoreError> {
         let s = self
             .services
             .get_mut(service)
@@ -248,7 +271,10 @@ impl Core {
         {
             return Err(SpecError::new(
                 "gpus",
-                format!("{} is more than any node has (the largest has {largest})", spec.gpus),
+                format!(
+                    "{} is more than any node has (the largest has {largest})",
+                    spec.gpus
+                ),
             )
             .into());
         }
@@ -263,7 +289,10 @@ impl Core {
     pub fn cancel(&mut self, now: UnixMillis, id: u64) -> Result<(), CoreError> {
         let job = self.jobs.get(&id).ok_or(CoreError::UnknownJob(id))?;
         if job.state.is_finished() {
-            return Err(CoreError::AlreadyFinished { job: id, state: job.state.as_str() });
+            return Err(CoreError::AlreadyFinished {
+                job: id,
+                state: job.state.as_str(),
+            });
         }
         if job.state == JobState::Cancelling {
             return Ok(());
@@ -293,7 +322,12 @@ impl Core {
             .nodes
             .values()
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
-        self.leases.next_expiry().into_iter().chain(windows).chain(silence).min()
+        self.leases
+            .next_expiry()
+            .into_iter()
+            .chain(windows)
+            .chain(silence)
+            .min()
     }
 
     // ---- decisions ----------------------------------------------------------------------
@@ -310,11 +344,26 @@ impl Core {
 
     fn expire_leases(&mut self, now: UnixMillis) {
         for id in self.leases.expired(now) {
-            let Some(lease) = self.leases.get(id).cloned() else { continue };
-            let message = format!("lease {} expired: node {} went silent", lease.id, lease.node);
+            let Some(lease) = self.leases.get(id).cloned() else {
+                continue;
+            };
+            let message = format!(
+                "lease {} expired: node {} went silent",
+                lease.id, lease.node
+            );
             // The job may already have moved on; only a job still holding this lease moves.
-            if self.jobs.get(&lease.job).is_some_and(|j| j.lease == Some(id)) {
-                let _ = self.job_event(now, lease.job, JobEvent::Requeue { message: Some(message) });
+            if self
+                .jobs
+                .get(&lease.job)
+                .is_some_and(|j| j.lease == Some(id))
+            {
+                let _ = self.job_event(
+                    now,
+                    lease.job,
+                    JobEvent::Requeue {
+                        message: Some(message),
+                    },
+                );
             } else {
                 self.leases.release(id);
             }
@@ -347,19 +396,26 @@ impl Core {
     }
 
     pub(crate) fn grant(&mut self, now: UnixMillis, job: u64, node: &str, gpus: Vec<u32>) {
-        let Some(n) = self.nodes.get_mut(node) else { return };
+        let Some(n) = self.nodes.get_mut(node) else {
+            return;
+        };
         n.desired_version += 1;
         let version = n.desired_version;
         let ttl = self.config.lease_ttl_ms;
         let lease = self.leases.grant(now, ttl, job, node, gpus, version).id;
         self.effects.insert(Effect::NodeChanged(node.to_owned()));
-        if self.job_event(now, job, JobEvent::Leased { lease }).is_err() {
+        if self
+            .job_event(now, job, JobEvent::Leased { lease })
+            .is_err()
+        {
             self.release(lease);
         }
     }
 
     pub(crate) fn revoke(&mut self, lease: u64) {
-        let Some(l) = self.leases.get(lease) else { return };
+        let Some(l) = self.leases.get(lease) else {
+            return;
+        };
         if l.revoked {
             return;
         }
@@ -383,7 +439,9 @@ impl Core {
     }
 
     pub(crate) fn set_mode(&mut self, now: UnixMillis, node: &str, mode: NodeMode) {
-        let Some(n) = self.nodes.get_mut(node) else { return };
+        let Some(n) = self.nodes.get_mut(node) else {
+            return;
+        };
         if n.mode == mode {
             return;
         }
@@ -436,15 +494,18 @@ impl Core {
     }
 
     fn job_view(&self, j: &Job) -> JobView {
-        let lease = j.lease.and_then(|id| self.leases.get(id)).map(|l| LeaseView {
-            lease_id: l.id,
-            epoch: l.epoch,
-            node: l.node.clone(),
-            gpus: l.gpus.clone(),
-            granted_at: l.granted_at,
-            expires_at: l.expires_at,
-            revoked: l.revoked,
-        });
+        let lease = j
+            .lease
+            .and_then(|id| self.leases.get(id))
+            .map(|l| LeaseView {
+                lease_id: l.id,
+                epoch: l.epoch,
+                node: l.node.clone(),
+                gpus: l.gpus.clone(),
+                granted_at: l.granted_at,
+                expires_at: l.expires_at,
+                revoked: l.revoked,
+            });
         JobView {
             id: j.id,
             spec: j.spec.clone(),
@@ -481,12 +542,18 @@ impl Core {
     }
 
     pub fn nodes(&self, now: UnixMillis) -> Vec<NodeView> {
-        self.nodes.values().map(|n| self.node_view(n, now)).collect()
+        self.nodes
+            .values()
+            .map(|n| self.node_view(n, now))
+            .collect()
     }
 
     fn node_view(&self, n: &Node, now: UnixMillis) -> NodeView {
         let holder = |index: u32| {
-            self.leases.on_node(&n.name).find(|l| l.gpus.contains(&index)).map(|l| l.job)
+            self.leases
+                .on_node(&n.name)
+                .find(|l| l.gpus.contains(&index))
+                .map(|l| l.job)
         };
         NodeView {
             name: n.name.clone(),
@@ -522,7 +589,11 @@ impl Core {
     }
 
     pub fn next_ids(&self) -> (u64, u64, u64) {
-        (self.next_job_id, self.leases.next_id(), self.leases.next_epoch())
+        (
+            self.next_job_id,
+            self.leases.next_id(),
+            self.leases.next_epoch(),
+        )
     }
 }
 

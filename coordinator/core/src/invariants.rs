@@ -10,9 +10,18 @@ use crate::core::Core;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
     #[error("service {service}: {serving} nodes serve, below min_replicas {min}")]
-    ServingFloor { service: String, serving: usize, min: u32 },
+    ServingFloor {
+        service: String,
+        serving: usize,
+        min: u32,
+    },
     #[error("node {node} gpu {gpu}: held by leases {first} and {second}")]
-    GpuTwoLeases { node: String, gpu: u32, first: u64, second: u64 },
+    GpuTwoLeases {
+        node: String,
+        gpu: u32,
+        first: u64,
+        second: u64,
+    },
     #[error("node {node}: serves while lease {lease} is still live on it")]
     LiveLeaseOnServingNode { node: String, lease: u64 },
     #[error("lease {lease}: epoch {epoch} is not below the next epoch {next}")]
@@ -20,7 +29,11 @@ pub enum Violation {
     #[error("leases {first} and {second} share epoch {epoch}")]
     EpochReused { first: u64, second: u64, epoch: u64 },
     #[error("job {job}: state {state} does not match its lease ({lease})")]
-    JobLeaseMismatch { job: u64, state: &'static str, lease: String },
+    JobLeaseMismatch {
+        job: u64,
+        state: &'static str,
+        lease: String,
+    },
 }
 
 impl Core {
@@ -37,7 +50,11 @@ impl Core {
     /// many nodes at all.
     fn check_floor(&self, out: &mut Vec<Violation>) {
         for policy in &self.config.services {
-            let nodes: Vec<_> = self.nodes.values().filter(|n| n.service == policy.name).collect();
+            let nodes: Vec<_> = self
+                .nodes
+                .values()
+                .filter(|n| n.service == policy.name)
+                .collect();
             let serving = nodes.iter().filter(|n| n.mode == NodeMode::Serve).count();
             if serving < (policy.min_replicas as usize).min(nodes.len()) {
                 out.push(Violation::ServingFloor {
@@ -63,9 +80,15 @@ impl Core {
                     });
                 }
             }
-            let serving = self.nodes.get(&l.node).is_some_and(|n| n.mode == NodeMode::Serve);
+            let serving = self
+                .nodes
+                .get(&l.node)
+                .is_some_and(|n| n.mode == NodeMode::Serve);
             if serving && !l.revoked {
-                out.push(Violation::LiveLeaseOnServingNode { node: l.node.clone(), lease: l.id });
+                out.push(Violation::LiveLeaseOnServingNode {
+                    node: l.node.clone(),
+                    lease: l.id,
+                });
             }
         }
     }
@@ -75,10 +98,18 @@ impl Core {
         let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
         for l in self.leases.all() {
             if l.epoch >= next {
-                out.push(Violation::EpochNotFenced { lease: l.id, epoch: l.epoch, next });
+                out.push(Violation::EpochNotFenced {
+                    lease: l.id,
+                    epoch: l.epoch,
+                    next,
+                });
             }
             if let Some(first) = seen.insert(l.epoch, l.id) {
-                out.push(Violation::EpochReused { first, second: l.id, epoch: l.epoch });
+                out.push(Violation::EpochReused {
+                    first,
+                    second: l.id,
+                    epoch: l.epoch,
+                });
             }
         }
     }

@@ -16,7 +16,10 @@ pub enum JobEvent {
     /// The user cancelled it.
     Cancel,
     /// Its container exited by itself.
-    Exited { exit_code: i64, outputs: BTreeMap<String, String> },
+    Exited {
+        exit_code: i64,
+        outputs: BTreeMap<String, String>,
+    },
     /// The container could not be started, e.g. its image is missing.
     StartFailed { message: String },
     /// Its container is gone after a preemption, or its lease expired: run it again later.
@@ -181,7 +184,10 @@ mod tests {
         j.apply(2, JobEvent::Started).unwrap();
         j.apply(3, JobEvent::Preempt).unwrap();
         j.apply(4, JobEvent::Requeue { message: None }).unwrap();
-        assert_eq!((j.state, j.attempt, j.preemptions, j.lease), (JobState::Queued, 2, 1, None));
+        assert_eq!(
+            (j.state, j.attempt, j.preemptions, j.lease),
+            (JobState::Queued, 2, 1, None)
+        );
         assert_eq!(j.started_at, Some(2));
     }
 
@@ -197,7 +203,14 @@ mod tests {
     fn non_zero_exit_fails_with_the_code() {
         let mut j = job();
         j.apply(1, JobEvent::Leased { lease: 7 }).unwrap();
-        j.apply(2, JobEvent::Exited { exit_code: 3, outputs: BTreeMap::new() }).unwrap();
+        j.apply(
+            2,
+            JobEvent::Exited {
+                exit_code: 3,
+                outputs: BTreeMap::new(),
+            },
+        )
+        .unwrap();
         assert_eq!(j.state, JobState::Failed);
         assert_eq!(j.message.as_deref(), Some("exited with code 3"));
     }

@@ -100,7 +100,11 @@ impl LeaseTable {
     }
 
     pub(crate) fn expired(&self, now: UnixMillis) -> Vec<u64> {
-        self.leases.values().filter(|l| l.expires_at <= now).map(|l| l.id).collect()
+        self.leases
+            .values()
+            .filter(|l| l.expires_at <= now)
+            .map(|l| l.id)
+            .collect()
     }
 
     pub(crate) fn on_node<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
@@ -113,7 +117,10 @@ impl LeaseTable {
 
     /// GPUs of `node` held by any lease, revoked or not.
     pub(crate) fn held_gpus(&self, node: &str) -> Vec<u32> {
-        let mut gpus: Vec<u32> = self.on_node(node).flat_map(|l| l.gpus.iter().copied()).collect();
+        let mut gpus: Vec<u32> = self
+            .on_node(node)
+            .flat_map(|l| l.gpus.iter().copied())
+            .collect();
         gpus.sort_unstable();
         gpus
     }

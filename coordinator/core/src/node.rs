@@ -56,7 +56,9 @@ impl Node {
 
     /// The replica is up and marked ready.
     pub fn replica_serving(&self) -> bool {
-        self.replica.as_ref().is_some_and(|r| r.state == ReplicaState::Serving)
+        self.replica
+            .as_ref()
+            .is_some_and(|r| r.state == ReplicaState::Serving)
     }
 
     /// GPUs a job container still occupies, by the agent's own report, whatever the lease
@@ -66,7 +68,10 @@ impl Node {
             .runs
             .iter()
             .filter(|r| {
-                !matches!(r.state, JobRunState::Exited { .. } | JobRunState::FailedToStart { .. })
+                !matches!(
+                    r.state,
+                    JobRunState::Exited { .. } | JobRunState::FailedToStart { .. }
+                )
             })
             .flat_map(|r| r.gpus.iter().copied())
             .collect();

@@ -11,8 +11,12 @@ use crate::core::Core;
 impl Core {
     pub(crate) fn place_queued(&mut self, now: UnixMillis) {
         for job in self.queue() {
-            let Some(gpus) = self.jobs.get(&job).map(|j| j.spec.gpus as usize) else { continue };
-            let Some((node, picked)) = self.find_gpus(now, gpus) else { break };
+            let Some(gpus) = self.jobs.get(&job).map(|j| j.spec.gpus as usize) else {
+                continue;
+            };
+            let Some((node, picked)) = self.find_gpus(now, gpus) else {
+                break;
+            };
             self.grant(now, job, &node, picked);
         }
     }

@@ -8,12 +8,29 @@ use sim::{Cluster, config, spec};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Submit { gpus: u32, steps: u32, priority: i32 },
-    Load { node: usize, waiting: u8, running: u8 },
-    Gateway { waiting: u8 },
-    Cancel { job: u64 },
-    Silence { node: usize, silent: bool },
-    Wait { steps: u8 },
+    Submit {
+        gpus: u32,
+        steps: u32,
+        priority: i32,
+    },
+    Load {
+        node: usize,
+        waiting: u8,
+        running: u8,
+    },
+    Gateway {
+        waiting: u8,
+    },
+    Cancel {
+        job: u64,
+    },
+    Silence {
+        node: usize,
+        silent: bool,
+    },
+    Wait {
+        steps: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -35,7 +35,11 @@ fn idle_replica_is_lent_only_after_the_window_and_only_for_a_queued_job() {
     c.run(1);
     c.core.submit(c.now, spec("train", 4)).unwrap();
     c.run(10);
-    assert_eq!(modes(&c), "a=Serve", "a request still runs and no replica would remain");
+    assert_eq!(
+        modes(&c),
+        "a=Serve",
+        "a request still runs and no replica would remain"
+    );
     c.load("a", 0.0, 0.0);
     c.run(2);
     assert_eq!(modes(&c), "a=Serve", "the 3 s window has not passed");
@@ -50,7 +54,10 @@ fn surge_reclaims_the_node_and_the_job_is_requeued_then_resumes() {
     c.agent("a").durations.insert(1, 30);
     c.core.submit(c.now, spec("train", 4)).unwrap();
     c.run(10);
-    assert_eq!((modes(&c), states(&c)), ("a=Lend".into(), "1:running#1".into()));
+    assert_eq!(
+        (modes(&c), states(&c)),
+        ("a=Lend".into(), "1:running#1".into())
+    );
     // The replica is down, so the surge shows at the gateway.
     c.core.gateway(c.now, "llm", 12).unwrap();
     assert_eq!(modes(&c), "a=Serve", "reclaim is immediate");
@@ -64,11 +71,21 @@ fn surge_reclaims_the_node_and_the_job_is_requeued_then_resumes() {
     assert_eq!(modes(&c), "a=Serve");
     c.load("a", 0.0, 0.0);
     c.run(8);
-    assert_eq!((modes(&c), states(&c)), ("a=Lend".into(), "1:running#2".into()));
+    assert_eq!(
+        (modes(&c), states(&c)),
+        ("a=Lend".into(), "1:running#2".into())
+    );
     c.run(40);
-    assert_eq!(modes(&c), "a=Serve", "the job finished and the node came back");
+    assert_eq!(
+        modes(&c),
+        "a=Serve",
+        "the job finished and the node came back"
+    );
     let job = c.core.job(1).unwrap();
-    assert_eq!((job.state, job.attempt, job.preemptions), (JobState::Succeeded, 2, 1));
+    assert_eq!(
+        (job.state, job.attempt, job.preemptions),
+        (JobState::Succeeded, 2, 1)
+    );
 }
 
 #[test]
@@ -79,7 +96,12 @@ fn serving_floor_keeps_min_replicas_serving() {
     c.agent("a").durations.insert(1, 100);
     c.agent("b").durations.insert(1, 100);
     c.run(20);
-    let lent = c.core.nodes(c.now).iter().filter(|n| n.mode == NodeMode::Lend).count();
+    let lent = c
+        .core
+        .nodes(c.now)
+        .iter()
+        .filter(|n| n.mode == NodeMode::Lend)
+        .count();
     assert_eq!(lent, 1, "{}", modes(&c));
     assert_eq!(states(&c), "1:running#1 2:queued#1");
 }
@@ -92,7 +114,12 @@ fn waiting_per_replica_over_threshold_takes_a_node_back() {
     c.core.submit(c.now, spec("one", 2)).unwrap();
     c.run(10);
     assert_eq!(states(&c), "1:running#1");
-    let serving = c.core.nodes(c.now).into_iter().find(|n| n.mode == NodeMode::Serve).unwrap();
+    let serving = c
+        .core
+        .nodes(c.now)
+        .into_iter()
+        .find(|n| n.mode == NodeMode::Serve)
+        .unwrap();
     c.load(&serving.name, 3.0, 1.0);
     c.run(1);
     assert_eq!(modes(&c), "a=Serve b=Serve");
@@ -112,7 +139,10 @@ fn silent_node_loses_its_lease_and_the_job_runs_elsewhere() {
     let job = c.core.job(1).unwrap();
     let second = job.lease.clone().unwrap();
     assert_ne!(second.node, first.node);
-    assert!(second.epoch > first.epoch, "a new lease is fenced above the old one");
+    assert!(
+        second.epoch > first.epoch,
+        "a new lease is fenced above the old one"
+    );
     assert_eq!((job.state, job.attempt), (JobState::Running, 2));
     // The silent node comes back: its leftover container is stopped, never run twice.
     c.agent(&first.node).silent = false;
@@ -124,13 +154,24 @@ fn silent_node_loses_its_lease_and_the_job_runs_elsewhere() {
 fn bad_submissions_are_refused_and_change_nothing() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
     let err = c.core.submit(c.now, spec("big", 8)).unwrap_err();
-    assert_eq!(err.to_string(), "gpus: 8 is more than any node has (the largest has 4)");
+    assert_eq!(
+        err.to_string(),
+        "gpus: 8 is more than any node has (the largest has 4)"
+    );
     assert_eq!(err.field(), Some("gpus"));
     let mut empty = spec("x", 1);
     empty.image = String::new();
-    assert_eq!(c.core.submit(c.now, empty).unwrap_err().field(), Some("image"));
+    assert_eq!(
+        c.core.submit(c.now, empty).unwrap_err().field(),
+        Some("image")
+    );
     assert!(c.core.jobs().is_empty());
-    assert!(c.core.poll_effects().iter().all(|e| !matches!(e, Effect::JobChanged(_))));
+    assert!(
+        c.core
+            .poll_effects()
+            .iter()
+            .all(|e| !matches!(e, Effect::JobChanged(_)))
+    );
 }
 
 #[test]
@@ -144,7 +185,10 @@ fn cancel_stops_a_running_job_and_frees_the_node() {
     c.run(3);
     assert_eq!(states(&c), "1:cancelled#1");
     assert_eq!(modes(&c), "a=Serve");
-    assert_eq!(c.core.cancel(c.now, 1).unwrap_err().to_string(), "job 1 is already cancelled");
+    assert_eq!(
+        c.core.cancel(c.now, 1).unwrap_err().to_string(),
+        "job 1 is already cancelled"
+    );
 }
 
 #[test]
@@ -158,7 +202,11 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
     let (next_job_id, next_lease_id, next_epoch) = c.core.next_ids();
     let snapshot = CoreSnapshot {
         jobs: before.clone(),
-        nodes: c.core.node_names().filter_map(|n| c.core.node_snapshot(n)).collect(),
+        nodes: c
+            .core
+            .node_names()
+            .filter_map(|n| c.core.node_snapshot(n))
+            .collect(),
         next_job_id,
         next_lease_id,
         next_epoch,
@@ -168,10 +216,16 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
     assert_eq!(after.len(), 2);
     for (b, a) in before.iter().zip(&after) {
         assert_eq!((b.id, b.state, b.attempt), (a.id, a.state, a.attempt));
-        assert_eq!(b.lease.as_ref().map(|l| l.epoch), a.lease.as_ref().map(|l| l.epoch));
+        assert_eq!(
+            b.lease.as_ref().map(|l| l.epoch),
+            a.lease.as_ref().map(|l| l.epoch)
+        );
     }
     assert_eq!(restored.next_ids(), c.core.next_ids());
-    assert_eq!(restored.desired("a").unwrap().leases, c.core.desired("a").unwrap().leases);
+    assert_eq!(
+        restored.desired("a").unwrap().leases,
+        c.core.desired("a").unwrap().leases
+    );
     c.core = restored;
     c.run(10);
 }

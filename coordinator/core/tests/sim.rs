@@ -35,8 +35,15 @@ pub fn config(min_replicas: u32) -> CoreConfig {
         services: vec![ServicePolicy {
             name: "llm".into(),
             min_replicas,
-            scale_down: ScaleDown { max_waiting: 0.0, max_running_per_replica: 2.0, window_ms: 3_000 },
-            scale_up: ScaleUp { waiting_per_replica: 2.0, running_per_replica: 8.0 },
+            scale_down: ScaleDown {
+                max_waiting: 0.0,
+                max_running_per_replica: 2.0,
+                window_ms: 3_000,
+            },
+            scale_up: ScaleUp {
+                waiting_per_replica: 2.0,
+                running_per_replica: 8.0,
+            },
             cooldown_ms: 2_000,
             gateway_signal_ttl_ms: 3_000,
         }],
@@ -94,11 +101,17 @@ impl SimAgent {
 
     /// One reconcile step towards the desired state, as the real agent orders it.
     pub fn step(&mut self, core: &Core) {
-        let Some(desired) = core.desired(&self.name) else { return };
+        let Some(desired) = core.desired(&self.name) else {
+            return;
+        };
         let leases: Vec<_> = desired
             .leases
             .iter()
-            .filter(|l| l.gpus.iter().all(|g| self.fenced.get(g).is_none_or(|&e| l.epoch >= e)))
+            .filter(|l| {
+                l.gpus
+                    .iter()
+                    .all(|g| self.fenced.get(g).is_none_or(|&e| l.epoch >= e))
+            })
             .cloned()
             .collect();
         // Jobs not (or no longer) leased are stopped; exited ones are forgotten once their
@@ -110,10 +123,16 @@ impl SimAgent {
         for r in &mut self.runs {
             let leased = leases.iter().any(|l| l.lease_id == r.lease_id);
             if !leased && !matches!(r.state, JobRunState::Exited { .. }) {
-                r.state = JobRunState::Exited { exit_code: 143, stopped_by_agent: true };
+                r.state = JobRunState::Exited {
+                    exit_code: 143,
+                    stopped_by_agent: true,
+                };
             }
         }
-        let jobs_live = self.runs.iter().any(|r| !matches!(r.state, JobRunState::Exited { .. }));
+        let jobs_live = self
+            .runs
+            .iter()
+            .any(|r| !matches!(r.state, JobRunState::Exited { .. }));
         if desired.serve && leases.is_empty() {
             self.replica = match self.replica {
                 _ if jobs_live => ReplicaState::Stopped,
@@ -156,7 +175,10 @@ impl SimAgent {
                 let done = self.progress.entry((r.job_id, r.lease_id)).or_default();
                 *done += 1;
                 if *done >= self.durations.get(&r.job_id).copied().unwrap_or(5) {
-                    r.state = JobRunState::Exited { exit_code: 0, stopped_by_agent: false };
+                    r.state = JobRunState::Exited {
+                        exit_code: 0,
+                        stopped_by_agent: false,
+                    };
                 }
             }
         }
@@ -171,9 +193,16 @@ impl SimAgent {
         };
         Heartbeat {
             gpus: (0..self.gpus)
-                .map(|i| GpuStatus { index: i, memory_used_bytes: 0, healthy: true })
+                .map(|i| GpuStatus {
+                    index: i,
+                    memory_used_bytes: 0,
+                    healthy: true,
+                })
                 .collect(),
-            replica: ReplicaStatus { state: self.replica, signals },
+            replica: ReplicaStatus {
+                state: self.replica,
+                signals,
+            },
             jobs: self.runs.clone(),
             applied_version: self.applied,
             phases: vec![],
@@ -184,13 +213,19 @@ impl SimAgent {
     pub fn one_owner(&self) -> Result<(), String> {
         let jobs_running = self.runs.iter().any(|r| r.state == JobRunState::Running);
         if jobs_running && self.replica != ReplicaState::Stopped {
-            return Err(format!("{}: jobs run while the replica is {:?}", self.name, self.replica));
+            return Err(format!(
+                "{}: jobs run while the replica is {:?}",
+                self.name, self.replica
+            ));
         }
         let mut seen = BTreeMap::new();
         for r in self.runs.iter().filter(|r| r.state == JobRunState::Running) {
             for g in &r.gpus {
                 if let Some(other) = seen.insert(*g, r.lease_id) {
-                    return Err(format!("{} gpu {g}: leases {other} and {}", self.name, r.lease_id));
+                    return Err(format!(
+                        "{} gpu {g}: leases {other} and {}",
+                        self.name, r.lease_id
+                    ));
                 }
             }
         }
@@ -211,7 +246,8 @@ impl Cluster {
         let now = 1_000_000;
         let agents: Vec<SimAgent> = nodes.iter().map(|(n, g)| SimAgent::new(n, *g)).collect();
         for a in &agents {
-            core.register(now, &a.name, "llm", a.inventory()).expect("register");
+            core.register(now, &a.name, "llm", a.inventory())
+                .expect("register");
         }
         Self { core, agents, now }
     }
@@ -221,7 +257,9 @@ impl Cluster {
         for a in self.agents.iter_mut().filter(|a| !a.silent) {
             a.step(&self.core);
             let beat = a.heartbeat();
-            self.core.heartbeat(self.now, &a.name, beat).expect("heartbeat");
+            self.core
+                .heartbeat(self.now, &a.name, beat)
+                .expect("heartbeat");
         }
         self.now += TICK_MS;
         self.core.tick(self.now);
@@ -245,7 +283,10 @@ impl Cluster {
     }
 
     pub fn agent(&mut self, name: &str) -> &mut SimAgent {
-        self.agents.iter_mut().find(|a| a.name == name).expect("agent")
+        self.agents
+            .iter_mut()
+            .find(|a| a.name == name)
+            .expect("agent")
     }
 
     pub fn load(&mut self, name: &str, waiting: f64, running: f64) {

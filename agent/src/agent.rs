@@ -1,0 +1,190 @@
+//! Wiring the agent together: registration, the heartbeat and long-poll loops that keep the
+//! desired state fresh, the reconcile loop that acts on it, and the readiness endpoint.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nightshift_common::{Heartbeat, RegisterRequest, ReplicaState, ReplicaStatus, ServingSignals};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::config::AgentConfig;
+use crate::engine::Engine;
+use crate::gpus::Gpus;
+use crate::reconcile::Reconciler;
+use crate::serving::ServingMetrics;
+use crate::state::Shared;
+use crate::uplink::{Uplink, UplinkError};
+
+/// How often the reconcile loop looks again even when nothing new was heard.
+const RESYNC: Duration = Duration::from_secs(1);
+/// Wait after a failed call to the coordinator before trying again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// A running agent. Dropping it stops its tasks; the containers it manages keep running and
+/// are adopted by the next agent.
+pub struct AgentHandle {
+    pub shared: Arc<Shared>,
+    tasks: JoinSet<()>,
+}
+
+impl AgentHandle {
+    pub fn stop(mut self) {
+        self.tasks.abort_all();
+    }
+
+    /// Waits until the agent's tasks end (they end only on a fatal error or abort).
+    pub async fn wait(&mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Starts the agent's loops on the current runtime.
+pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
+    cfg: AgentConfig,
+    engine: E,
+    gpus: G,
+    serving: S,
+    readiness: Option<TcpListener>,
+) -> anyhow::Result<AgentHandle> {
+    let node = cfg.node_name();
+    let shared = Arc::new(Shared::new(&node));
+    let cfg = Arc::new(cfg);
+    let (engine, gpus, serving) = (Arc::new(engine), Arc::new(gpus), Arc::new(serving));
+    let uplink = Uplink::new(&cfg.coordinator, &node)?;
+    let mut tasks = JoinSet::new();
+
+    let readiness_url = match readiness {
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            let app = crate::readiness::router(shared.clone());
+            tasks.spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "readiness endpoint failed");
+                }
+            });
+            Some(format!("http://{addr}/ready"))
+        }
+        None => None,
+    };
+
+    let register = RegisterRequest {
+        node: node.clone(),
+        gpus: gpus.inventory()?,
+        service: cfg.service.clone(),
+        readiness_url,
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    tasks.spawn(heartbeats(
+        uplink.clone(),
+        register,
+        shared.clone(),
+        gpus.clone(),
+        serving.clone(),
+    ));
+    tasks.spawn(long_poll(uplink, shared.clone()));
+    let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone());
+    tasks.spawn(reconcile_loop(reconciler));
+    Ok(AgentHandle { shared, tasks })
+}
+
+async fn register(uplink: &Uplink, req: &RegisterRequest) -> Duration {
+    loop {
+        match uplink.register(req).await {
+            Ok(reply) => {
+                tracing::info!(node = %req.node, heartbeat_ms = reply.heartbeat_interval_ms, "registered");
+                return Duration::from_millis(reply.heartbeat_interval_ms.max(50));
+            }
+            Err(e) => {
+                tracing::warn!(node = %req.node, error = %e, "registration failed; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+async fn heartbeats<G: Gpus, S: ServingMetrics>(
+    uplink: Uplink,
+    req: RegisterRequest,
+    shared: Arc<Shared>,
+    gpus: Arc<G>,
+    serving: Arc<S>,
+) {
+    let mut interval = register(&uplink, &req).await;
+    loop {
+        let beat = observe(&shared, gpus.as_ref(), serving.as_ref()).await;
+        match uplink.heartbeat(&beat).await {
+            Ok(desired) => {
+                shared.contact();
+                shared.offer_desired(desired);
+            }
+            Err(UplinkError::UnknownNode(_)) => {
+                tracing::warn!(node = %req.node, "coordinator forgot this node; registering again");
+                interval = register(&uplink, &req).await;
+                continue;
+            }
+            Err(e) => tracing::warn!(node = %req.node, error = %e, "heartbeat failed"),
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// What the agent sees right now, as a heartbeat.
+pub async fn observe<G: Gpus, S: ServingMetrics>(
+    shared: &Shared,
+    gpus: &G,
+    serving: &S,
+) -> Heartbeat {
+    let o = shared.observed();
+    let gpu_status = gpus.status().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "reading gpu status failed");
+        Vec::new()
+    });
+    let live = matches!(
+        o.replica,
+        ReplicaState::Serving | ReplicaState::Draining | ReplicaState::Starting
+    );
+    let signals = match (&o.replica_url, live) {
+        (Some(url), true) => serving.signals(url).await,
+        _ => ServingSignals::default(),
+    };
+    Heartbeat {
+        gpus: gpu_status,
+        replica: ReplicaStatus {
+            state: o.replica,
+            signals,
+        },
+        jobs: o.runs,
+        applied_version: o.applied_version,
+        phases: shared.phases(),
+    }
+}
+
+async fn long_poll(uplink: Uplink, shared: Arc<Shared>) {
+    loop {
+        let after = shared.desired().map_or(0, |d| d.version);
+        match uplink.desired(after).await {
+            Ok(desired) => {
+                shared.contact();
+                shared.offer_desired(desired);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "long-poll failed");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+async fn reconcile_loop<E: Engine, G: Gpus, S: ServingMetrics>(mut r: Reconciler<E, G, S>) {
+    let mut desired = r.shared.subscribe_desired();
+    loop {
+        let span = tracing::info_span!("reconcile", node = %r.shared.node);
+        let _enter = span.enter();
+        drop(_enter);
+        if let Err(e) = r.pass().await {
+            tracing::warn!(node = %r.shared.node, error = %e, "reconcile pass failed; retrying");
+        }
+        let _ = tokio::time::timeout(RESYNC, desired.changed()).await;
+    }
+}

@@ -1,0 +1,219 @@
+//! `agent.toml`: the agent's typed configuration.
+//!
+//! Loaded from an optional TOML file, then `NIGHTSHIFT_AGENT__*` environment variables (`__`
+//! separates nested keys, e.g. `NIGHTSHIFT_AGENT__REPLICA__IMAGE`). Unknown keys are refused.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// The coordinator's base URL.
+    pub coordinator: String,
+    /// This node's name; the host name when empty.
+    pub node: String,
+    /// The service whose replica this node hosts.
+    pub service: String,
+    /// Per-job checkpoint and output directories live under `work_dir/jobs/ID/`.
+    pub work_dir: PathBuf,
+    /// Where the load balancer's health check (`GET /ready`) answers.
+    pub readiness_listen: SocketAddr,
+    /// After turning not-ready, how long to wait before watching the queue, so that the load
+    /// balancer's health check has noticed (set it above the check interval).
+    pub readiness_grace_s: f64,
+    /// Longest wait for in-flight requests to finish before the replica is stopped anyway.
+    pub drain_timeout_s: f64,
+    /// Longest wait for NVML to show a GPU's memory free after its container stopped.
+    pub free_timeout_s: f64,
+    /// A GPU counts as free when at most this much of its memory is in use.
+    pub free_memory_bytes: u64,
+    /// Longest wait for a starting replica's `/health` to answer 200.
+    pub health_timeout_s: f64,
+    pub gpus: GpuConfig,
+    pub replica: ReplicaConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// Run on this many fake GPUs instead of NVML (hosts without a driver, tests, demos).
+    pub fake: Option<u32>,
+    /// The NVML library to load; `libnvidia-ml.so.1` from the loader's path when unset.
+    pub nvml_library: Option<PathBuf>,
+}
+
+/// The vLLM container this node serves with.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaConfig {
+    pub image: String,
+    /// Container name; `nightshift-replica-NODE` when empty.
+    pub name: String,
+    /// Replaces the image's command (vLLM's arguments).
+    pub args: Vec<String>,
+    /// `NAME=value` pairs.
+    pub env: Vec<String>,
+    /// The port vLLM listens on inside the container.
+    pub port: u16,
+    /// Where the port is published on the host.
+    pub host_ip: String,
+    /// 0 lets Docker choose (tests and demos).
+    pub host_port: u16,
+    /// How long vLLM gets to finish in-flight requests after SIGTERM before it is killed;
+    /// match vLLM's `--shutdown-timeout`.
+    pub shutdown_timeout_s: f64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            coordinator: "http://127.0.0.1:7400".into(),
+            node: String::new(),
+            service: "default".into(),
+            work_dir: PathBuf::from("/var/lib/nightshift/agent"),
+            readiness_listen: SocketAddr::from(([0, 0, 0, 0], 7401)),
+            readiness_grace_s: 5.0,
+            drain_timeout_s: 120.0,
+            free_timeout_s: 30.0,
+            free_memory_bytes: 1 << 30,
+            health_timeout_s: 900.0,
+            gpus: GpuConfig::default(),
+            replica: ReplicaConfig::default(),
+        }
+    }
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        Self {
+            image: "vllm/vllm-openai:latest".into(),
+            name: String::new(),
+            args: Vec::new(),
+            env: Vec::new(),
+            port: 8000,
+            host_ip: "0.0.0.0".into(),
+            host_port: 8000,
+            shutdown_timeout_s: 60.0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Load(#[from] config::ConfigError),
+    #[error("{key}: {rule}")]
+    Invalid { key: &'static str, rule: String },
+}
+
+impl AgentConfig {
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        let cfg: Self = builder
+            .add_source(
+                config::Environment::with_prefix("NIGHTSHIFT_AGENT")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()?
+            .try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, rule: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                rule: rule.into(),
+            })
+        };
+        if !(self.coordinator.starts_with("http://") || self.coordinator.starts_with("https://")) {
+            return invalid("coordinator", "must be an http:// or https:// URL");
+        }
+        if self.replica.image.trim().is_empty() {
+            return invalid("replica.image", "must not be empty");
+        }
+        if let Some(bad) = self.replica.env.iter().find(|e| !e.contains('=')) {
+            return Err(ConfigError::Invalid {
+                key: "replica.env",
+                rule: format!("{bad:?} is not NAME=value"),
+            });
+        }
+        for (key, v) in [
+            ("readiness_grace_s", self.readiness_grace_s),
+            ("drain_timeout_s", self.drain_timeout_s),
+            ("free_timeout_s", self.free_timeout_s),
+            ("health_timeout_s", self.health_timeout_s),
+            (
+                "replica.shutdown_timeout_s",
+                self.replica.shutdown_timeout_s,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return invalid(key, "must be a duration in seconds >= 0");
+            }
+        }
+        Ok(())
+    }
+
+    /// The node name, defaulting to the host name.
+    pub fn node_name(&self) -> String {
+        if !self.node.is_empty() {
+            return self.node.clone();
+        }
+        std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into())
+    }
+
+    pub fn replica_name(&self, node: &str) -> String {
+        if self.replica.name.is_empty() {
+            format!("nightshift-replica-{node}")
+        } else {
+            self.replica.name.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_and_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "node = \"gpu-01\"\n[gpus]\nfake = 4\n[replica]\nimage = \"v:1\"\n",
+        )
+        .unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(
+            (cfg.node_name(), cfg.gpus.fake),
+            ("gpu-01".to_owned(), Some(4))
+        );
+        std::fs::write(&path, "[replica]\nimgae = \"v:1\"\n").unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("imgae"), "{err}");
+    }
+
+    #[test]
+    fn bad_env_pair_is_named() {
+        let mut cfg = AgentConfig::default();
+        cfg.replica.env = vec!["NOEQUALS".into()];
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "replica.env: \"NOEQUALS\" is not NAME=value"
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! The job container contract: how a lease becomes a container (GPUs, checkpoint and output
+//! directories, environment, labels), and reading a finished job's output parameters.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use nightshift_common::labels::{self, env};
+use nightshift_common::{LeaseGrant, labels::CHECKPOINT_MOUNT, labels::OUTPUT_MOUNT};
+
+use crate::engine::{ContainerSpec, GpuAccess};
+
+/// Output parameter files read back after a job ends: at most this many ...
+const MAX_OUTPUTS: usize = 32;
+/// ... of at most this many bytes each.
+const MAX_OUTPUT_BYTES: u64 = 64 << 10;
+
+/// Label carrying the grace period, so that an adopted container is stopped as it asked.
+pub const GRACE_LABEL: &str = "io.nightshift.grace-seconds";
+
+/// The host directories of a job, shared by all its attempts.
+pub struct JobDirs {
+    pub checkpoint: PathBuf,
+    pub outputs: PathBuf,
+}
+
+impl JobDirs {
+    pub fn new(work_dir: &Path, job_id: u64) -> Self {
+        let root = work_dir.join("jobs").join(job_id.to_string());
+        Self {
+            checkpoint: root.join("checkpoint"),
+            outputs: root.join("outputs"),
+        }
+    }
+
+    /// Creates both directories, writable by whatever user the image runs as.
+    pub fn create(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [&self.checkpoint, &self.outputs] {
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+        }
+        Ok(())
+    }
+
+    /// Whether an earlier attempt left anything to resume from.
+    pub fn has_checkpoint(&self) -> bool {
+        std::fs::read_dir(&self.checkpoint).is_ok_and(|mut d| d.next().is_some())
+    }
+}
+
+pub fn container_name(lease: &LeaseGrant) -> String {
+    format!("nightshift-job-{}-{}", lease.job_id, lease.lease_id)
+}
+
+/// The container for `lease` on `node`, given its GPUs through `gpus`.
+pub fn container_spec(
+    node: &str,
+    lease: &LeaseGrant,
+    dirs: &JobDirs,
+    gpus: GpuAccess,
+) -> ContainerSpec {
+    let job = &lease.job;
+    let gpu_list = lease
+        .gpus
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let resuming = lease.attempt > 1 || dirs.has_checkpoint();
+    let mut env_vars: Vec<(String, String)> = job
+        .env
+        .iter()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect();
+    env_vars.extend([
+        (env::JOB_ID.to_owned(), lease.job_id.to_string()),
+        (env::JOB_NAME.to_owned(), job.name.clone()),
+        (env::ATTEMPT.to_owned(), lease.attempt.to_string()),
+        (
+            env::RESUMING.to_owned(),
+            if resuming { "1" } else { "0" }.to_owned(),
+        ),
+        (env::CHECKPOINT_DIR.to_owned(), CHECKPOINT_MOUNT.to_owned()),
+        (env::OUTPUT_DIR.to_owned(), OUTPUT_MOUNT.to_owned()),
+        (env::LEASE_ID.to_owned(), lease.lease_id.to_string()),
+        (env::GPUS.to_owned(), gpu_list.clone()),
+    ]);
+    let labels = BTreeMap::from([
+        (labels::MANAGED_BY.to_owned(), node.to_owned()),
+        (labels::ROLE.to_owned(), labels::ROLE_JOB.to_owned()),
+        (labels::JOB_ID.to_owned(), lease.job_id.to_string()),
+        (labels::ATTEMPT.to_owned(), lease.attempt.to_string()),
+        (labels::LEASE_ID.to_owned(), lease.lease_id.to_string()),
+        (labels::EPOCH.to_owned(), lease.epoch.to_string()),
+        (labels::GPUS.to_owned(), gpu_list),
+        (
+            GRACE_LABEL.to_owned(),
+            job.checkpoint.grace_period_seconds.to_string(),
+        ),
+    ]);
+    ContainerSpec {
+        name: container_name(lease),
+        image: job.image.clone(),
+        entrypoint: job.command.clone(),
+        args: job.args.clone(),
+        env: env_vars,
+        labels,
+        gpus,
+        binds: vec![
+            (
+                dirs.checkpoint.display().to_string(),
+                CHECKPOINT_MOUNT.to_owned(),
+            ),
+            (dirs.outputs.display().to_string(), OUTPUT_MOUNT.to_owned()),
+        ],
+        publish: None,
+        stop_signal: Some(job.checkpoint.signal.clone()),
+    }
+}
+
+/// The output parameters a job wrote: one file per parameter, its content the value.
+pub fn read_outputs(dir: &Path) -> BTreeMap<String, String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    let mut out = BTreeMap::new();
+    for entry in entries.flatten().take(MAX_OUTPUTS) {
+        let path = entry.path();
+        let small = entry
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.len() <= MAX_OUTPUT_BYTES);
+        if !small {
+            continue;
+        }
+        if let (Some(name), Ok(value)) = (
+            path.file_name().and_then(|n| n.to_str()),
+            std::fs::read_to_string(&path),
+        ) {
+            out.insert(name.to_owned(), value.trim_end().to_owned());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nightshift_common::{CheckpointPolicy, EnvVar, JobSpec};
+
+    fn lease() -> LeaseGrant {
+        LeaseGrant {
+            lease_id: 9,
+            epoch: 4,
+            job_id: 3,
+            attempt: 2,
+            gpus: vec![1, 2],
+            job: JobSpec {
+                name: "train".into(),
+                image: "trainer:1".into(),
+                command: vec!["/train".into()],
+                args: vec!["--fast".into()],
+                env: vec![EnvVar {
+                    name: "LR".into(),
+                    value: "0.1".into(),
+                }],
+                gpus: 2,
+                priority: 0,
+                owner: None,
+                checkpoint: CheckpointPolicy {
+                    signal: "SIGUSR1".into(),
+                    grace_period_seconds: 7,
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn the_spec_carries_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = JobDirs::new(dir.path(), 3);
+        let spec = container_spec(
+            "n1",
+            &lease(),
+            &dirs,
+            GpuAccess::VisibleDevicesEnv {
+                indices: vec![1, 2],
+            },
+        );
+        let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
+        assert_eq!(env["LR"], "0.1");
+        assert_eq!(env["NIGHTSHIFT_ATTEMPT"], "2");
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "1");
+        assert_eq!(env["NIGHTSHIFT_CHECKPOINT_DIR"], "/nightshift/checkpoint");
+        assert_eq!(env["NIGHTSHIFT_GPUS"], "1,2");
+        assert_eq!(spec.labels["io.nightshift.epoch"], "4");
+        assert_eq!(spec.labels[GRACE_LABEL], "7");
+        assert_eq!(spec.stop_signal.as_deref(), Some("SIGUSR1"));
+        assert_eq!(spec.name, "nightshift-job-3-9");
+        assert!(spec.binds[0].0.ends_with("jobs/3/checkpoint"));
+    }
+
+    #[test]
+    fn outputs_are_read_trimmed_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("final_step"), "1000\n").unwrap();
+        std::fs::write(dir.path().join("huge"), vec![b'x'; 70 << 10]).unwrap();
+        let out = read_outputs(dir.path());
+        assert_eq!(out.len(), 1);
+        assert_eq!(out["final_step"], "1000");
+    }
+}

@@ -1,0 +1,431 @@
+//! The reconcile loop: compare the node's desired state with the containers actually on the
+//! host (found by their labels), and act until they match.
+//!
+//! Level-triggered and idempotent: a pass looks at the world afresh each time, so running it
+//! twice changes nothing, and after an agent restart it adopts the containers that are
+//! already there. The two sequences of DESIGN.md live in `drain.rs` and `reclaim.rs`; this
+//! file decides which one applies and keeps the reported job runs up to date.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nightshift_common::labels;
+use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState};
+
+use crate::config::AgentConfig;
+use crate::engine::{Container, ContainerState, Engine, EngineError};
+use crate::gpus::{GpuError, Gpus};
+use crate::job::{self, GRACE_LABEL, JobDirs};
+use crate::serving::ServingMetrics;
+use crate::state::Shared;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Gpus(#[from] GpuError),
+    #[error("gpus {gpus:?} still hold memory after {waited:?}: not starting anything on them")]
+    GpusBusy { gpus: Vec<u32>, waited: Duration },
+    #[error("replica did not become healthy within {0:?}")]
+    HealthTimeout(Duration),
+    #[error("cannot prepare job directories under {path}: {source}")]
+    JobDirs {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+pub struct Reconciler<E, G, S> {
+    pub(crate) cfg: Arc<AgentConfig>,
+    pub(crate) engine: Arc<E>,
+    pub(crate) gpus: Arc<G>,
+    pub(crate) serving: Arc<S>,
+    pub(crate) shared: Arc<Shared>,
+    /// Highest fencing epoch honoured per GPU; a lease below it is stale and refused.
+    fenced: HashMap<u32, u64>,
+    /// Containers this agent stopped (reclaim, cancel), as opposed to ones that exited alone.
+    stopped: HashSet<String>,
+    /// Leases whose container could not be started, with why.
+    start_failures: HashMap<u64, String>,
+    /// Output parameters read from a finished container, by container id.
+    outputs: HashMap<String, BTreeMap<String, String>>,
+}
+
+/// How often waits poll what they wait for.
+pub(crate) const POLL: Duration = Duration::from_millis(200);
+
+impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
+    pub fn new(
+        cfg: Arc<AgentConfig>,
+        engine: Arc<E>,
+        gpus: Arc<G>,
+        serving: Arc<S>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Self {
+            cfg,
+            engine,
+            gpus,
+            serving,
+            shared,
+            fenced: HashMap::new(),
+            stopped: HashSet::new(),
+            start_failures: HashMap::new(),
+            outputs: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.shared.node
+    }
+
+    /// Whether the node should serve right now (the desired state may change mid-sequence).
+    pub(crate) fn wants_serving(&self) -> bool {
+        self.effective_desired()
+            .is_some_and(|d| d.serve && d.leases.is_empty())
+    }
+
+    /// The desired state to act on: the coordinator's, unless it has been silent for longer
+    /// than a lease lives, in which case every lease has expired and the node serves again on
+    /// its own (service first).
+    fn effective_desired(&self) -> Option<DesiredNode> {
+        let desired = self.shared.desired()?;
+        let silent = self
+            .shared
+            .since_contact()
+            .is_some_and(|d| d > Duration::from_millis(desired.lease_ttl_ms));
+        if silent && !desired.leases.is_empty() {
+            tracing::warn!(
+                node = %self.node(),
+                "coordinator silent for longer than the lease ttl: stopping jobs and serving again"
+            );
+            return Some(DesiredNode {
+                serve: true,
+                leases: Vec::new(),
+                ..desired
+            });
+        }
+        Some(desired)
+    }
+
+    /// One reconcile pass.
+    pub async fn pass(&mut self) -> Result<(), ReconcileError> {
+        let containers = self.managed().await?;
+        self.learn_fences(&containers);
+        let Some(desired) = self.effective_desired() else {
+            // Not heard from the coordinator yet: adopt what runs and report it, change nothing.
+            self.adopt_replica(&containers).await;
+            self.publish_runs(&containers, &[]);
+            return Ok(());
+        };
+        let leases = self.honoured(&desired.leases);
+        self.publish_runs(&containers, &leases);
+
+        // Jobs whose lease is gone are stopped first: their GPUs go back before anything else.
+        let unleased: Vec<&Container> = jobs(&containers)
+            .filter(|c| !leases.iter().any(|l| Some(l.lease_id) == lease_of(c)))
+            .collect();
+        let serve = desired.serve && leases.is_empty();
+        self.stop_unleased(&unleased, serve).await?;
+
+        let containers = self.managed().await?;
+        if serve {
+            self.reclaim(&containers).await?;
+        } else {
+            self.drain(&containers).await?;
+            let containers = self.managed().await?;
+            if self.shared.observed().replica == ReplicaState::Stopped {
+                self.start_jobs(&containers, &leases).await?;
+            }
+        }
+        let containers = self.managed().await?;
+        self.remove_finished(&containers, &leases).await;
+        self.publish_runs(&containers, &leases);
+        self.shared.update(|o| o.applied_version = desired.version);
+        Ok(())
+    }
+
+    /// Every container this agent manages on this host.
+    pub(crate) async fn managed(&self) -> Result<Vec<Container>, EngineError> {
+        let filter = BTreeMap::from([(labels::MANAGED_BY.to_owned(), self.node().to_owned())]);
+        self.engine.list(&filter).await
+    }
+
+    fn learn_fences(&mut self, containers: &[Container]) {
+        for c in jobs(containers) {
+            let epoch = label_u64(c, labels::EPOCH).unwrap_or(0);
+            for gpu in gpus_of(c) {
+                let e = self.fenced.entry(gpu).or_default();
+                *e = (*e).max(epoch);
+            }
+        }
+    }
+
+    /// The leases to act on: those not older than an epoch already honoured on their GPUs.
+    fn honoured(&self, leases: &[LeaseGrant]) -> Vec<LeaseGrant> {
+        leases
+            .iter()
+            .filter(|l| {
+                let stale = l.gpus.iter().find_map(|g| {
+                    self.fenced
+                        .get(g)
+                        .filter(|&&e| l.epoch < e)
+                        .map(|e| (*g, *e))
+                });
+                if let Some((gpu, seen)) = stale {
+                    tracing::warn!(
+                        node = %self.node(), lease.id = l.lease_id, lease.epoch = l.epoch,
+                        gpu, seen, "refusing a stale lease: a newer epoch holds this gpu"
+                    );
+                }
+                stale.is_none()
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Sends each unleased running job its checkpoint signal, waits its grace, kills it.
+    async fn stop_unleased(
+        &mut self,
+        unleased: &[&Container],
+        reclaiming: bool,
+    ) -> Result<(), ReconcileError> {
+        let running: Vec<&Container> = unleased
+            .iter()
+            .copied()
+            .filter(|c| c.state == ContainerState::Running)
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.shared.set_ready(false);
+        for c in &running {
+            self.stopped.insert(c.id.clone());
+        }
+        self.mark_stopping(&running);
+        let stops = running.iter().map(|c| {
+            let grace = Duration::from_secs(label_u64(c, GRACE_LABEL).unwrap_or(30));
+            tracing::info!(node = %self.node(), container = %c.name, grace_s = grace.as_secs(), "stopping job");
+            self.engine.stop(&c.id, grace)
+        });
+        for result in futures_util::future::join_all(stops).await {
+            result?;
+        }
+        if reclaiming {
+            self.shared.record_phase(
+                nightshift_common::SequenceKind::Reclaim,
+                "stop_jobs",
+                started,
+            );
+        }
+        Ok(())
+    }
+
+    fn mark_stopping(&self, running: &[&Container]) {
+        let leases: HashSet<u64> = running.iter().filter_map(|c| lease_of(c)).collect();
+        self.shared.update(|o| {
+            for r in o.runs.iter_mut().filter(|r| leases.contains(&r.lease_id)) {
+                r.state = JobRunState::Stopping;
+            }
+        });
+    }
+
+    /// Starts a container for each honoured lease that has none yet.
+    async fn start_jobs(
+        &mut self,
+        containers: &[Container],
+        leases: &[LeaseGrant],
+    ) -> Result<(), ReconcileError> {
+        let missing: Vec<&LeaseGrant> = leases
+            .iter()
+            .filter(|l| !jobs(containers).any(|c| lease_of(c) == Some(l.lease_id)))
+            .filter(|l| !self.start_failures.contains_key(&l.lease_id))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let gpus: Vec<u32> = missing
+            .iter()
+            .flat_map(|l| l.gpus.iter().copied())
+            .collect();
+        self.confirm_free(&gpus).await?;
+        let started = Instant::now();
+        for lease in missing {
+            let dirs = JobDirs::new(&self.cfg.work_dir, lease.job_id);
+            dirs.create().map_err(|source| ReconcileError::JobDirs {
+                path: self.cfg.work_dir.display().to_string(),
+                source,
+            })?;
+            let spec =
+                job::container_spec(self.node(), lease, &dirs, self.gpus.access(&lease.gpus));
+            for g in &lease.gpus {
+                self.fenced.insert(*g, lease.epoch);
+            }
+            match self.engine.run(&spec).await {
+                Ok(id) => tracing::info!(
+                    node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+                    lease.epoch = lease.epoch, gpus = ?lease.gpus, container = %id, "job started"
+                ),
+                Err(e @ EngineError::ImageMissing(_)) => {
+                    tracing::warn!(node = %self.node(), job.id = lease.job_id, error = %e, "job cannot start");
+                    self.start_failures.insert(lease.lease_id, e.to_string());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.shared.record_phase(
+            nightshift_common::SequenceKind::Drain,
+            "start_jobs",
+            started,
+        );
+        Ok(())
+    }
+
+    /// Waits until NVML shows `gpus` free, up to the configured timeout.
+    pub(crate) async fn confirm_free(&self, gpus: &[u32]) -> Result<(), ReconcileError> {
+        let timeout = Duration::from_secs_f64(self.cfg.free_timeout_s);
+        let started = Instant::now();
+        loop {
+            let status = self.gpus.status()?;
+            let busy: Vec<u32> = status
+                .iter()
+                .filter(|s| {
+                    gpus.contains(&s.index) && s.memory_used_bytes > self.cfg.free_memory_bytes
+                })
+                .map(|s| s.index)
+                .collect();
+            if busy.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() >= timeout {
+                return Err(ReconcileError::GpusBusy {
+                    gpus: busy,
+                    waited: timeout,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Removes exited job containers whose lease the coordinator no longer lists: it has
+    /// seen them end (or revoked them, and counts them gone).
+    async fn remove_finished(&mut self, containers: &[Container], leases: &[LeaseGrant]) {
+        for c in jobs(containers) {
+            let leased = leases.iter().any(|l| Some(l.lease_id) == lease_of(c));
+            if leased || !matches!(c.state, ContainerState::Exited { .. }) {
+                continue;
+            }
+            if let Err(e) = self.engine.remove(&c.id).await {
+                tracing::warn!(node = %self.node(), container = %c.name, error = %e, "removing a finished job failed");
+                continue;
+            }
+            self.stopped.remove(&c.id);
+            self.outputs.remove(&c.id);
+            if let Some(lease) = lease_of(c) {
+                self.start_failures.remove(&lease);
+            }
+        }
+    }
+
+    /// Rebuilds the job runs reported to the coordinator from the containers and leases.
+    fn publish_runs(&mut self, containers: &[Container], leases: &[LeaseGrant]) {
+        let mut runs = Vec::new();
+        for lease in leases {
+            let container = jobs(containers).find(|c| lease_of(c) == Some(lease.lease_id));
+            let state = match (container, self.start_failures.get(&lease.lease_id)) {
+                (Some(c), _) => self.run_state(c),
+                (None, Some(message)) => JobRunState::FailedToStart {
+                    message: message.clone(),
+                },
+                (None, None) => JobRunState::Pending,
+            };
+            let outputs = container
+                .map(|c| self.outputs_of(c, lease.job_id))
+                .unwrap_or_default();
+            runs.push(JobRun {
+                job_id: lease.job_id,
+                attempt: lease.attempt,
+                lease_id: lease.lease_id,
+                epoch: lease.epoch,
+                gpus: lease.gpus.clone(),
+                state,
+                outputs,
+            });
+        }
+        // Containers of leases no longer listed are still reported while they exist.
+        for c in jobs(containers) {
+            let Some(lease_id) = lease_of(c) else {
+                continue;
+            };
+            if leases.iter().any(|l| l.lease_id == lease_id) {
+                continue;
+            }
+            runs.push(JobRun {
+                job_id: label_u64(c, labels::JOB_ID).unwrap_or(0),
+                attempt: label_u64(c, labels::ATTEMPT).unwrap_or(0) as u32,
+                lease_id,
+                epoch: label_u64(c, labels::EPOCH).unwrap_or(0),
+                gpus: gpus_of(c),
+                state: self.run_state(c),
+                outputs: BTreeMap::new(),
+            });
+        }
+        self.shared.update(|o| o.runs = runs);
+    }
+
+    fn run_state(&self, c: &Container) -> JobRunState {
+        match c.state {
+            ContainerState::Created => JobRunState::Pending,
+            ContainerState::Running | ContainerState::Transitioning
+                if self.stopped.contains(&c.id) =>
+            {
+                JobRunState::Stopping
+            }
+            ContainerState::Running | ContainerState::Transitioning => JobRunState::Running,
+            ContainerState::Exited { exit_code } => JobRunState::Exited {
+                exit_code,
+                stopped_by_agent: self.stopped.contains(&c.id),
+            },
+        }
+    }
+
+    fn outputs_of(&mut self, c: &Container, job_id: u64) -> BTreeMap<String, String> {
+        if !matches!(c.state, ContainerState::Exited { .. }) {
+            return BTreeMap::new();
+        }
+        self.outputs
+            .entry(c.id.clone())
+            .or_insert_with(|| job::read_outputs(&JobDirs::new(&self.cfg.work_dir, job_id).outputs))
+            .clone()
+    }
+}
+
+pub(crate) fn jobs(containers: &[Container]) -> impl Iterator<Item = &Container> {
+    containers
+        .iter()
+        .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_JOB))
+}
+
+pub(crate) fn replica(containers: &[Container]) -> Option<&Container> {
+    containers
+        .iter()
+        .find(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_REPLICA))
+}
+
+fn label_u64(c: &Container, key: &str) -> Option<u64> {
+    c.labels.get(key)?.parse().ok()
+}
+
+fn lease_of(c: &Container) -> Option<u64> {
+    label_u64(c, labels::LEASE_ID)
+}
+
+fn gpus_of(c: &Container) -> Vec<u32> {
+    c.labels
+        .get(labels::GPUS)
+        .map(|g| g.split(',').filter_map(|s| s.parse().ok()).collect())
+        .unwrap_or_default()
+}

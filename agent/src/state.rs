@@ -1,0 +1,139 @@
+//! What the agent's tasks share: the desired state from the coordinator, what the reconcile
+//! loop last observed, the readiness flag the load balancer polls, and the phase log.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use nightshift_common::{DesiredNode, JobRun, PhaseRecord, ReplicaState, SequenceKind, UnixMillis};
+use tokio::sync::watch;
+
+/// Phases kept for heartbeats; the coordinator deduplicates by `seq`.
+const PHASES_SENT: usize = 32;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    pub replica: ReplicaState,
+    /// Where the replica answers, once its container runs.
+    pub replica_url: Option<String>,
+    pub runs: Vec<JobRun>,
+    pub applied_version: u64,
+}
+
+pub struct Shared {
+    pub node: String,
+    ready: AtomicBool,
+    observed: Mutex<Observed>,
+    phases: Mutex<VecDeque<PhaseRecord>>,
+    next_seq: AtomicU64,
+    desired: watch::Sender<Option<DesiredNode>>,
+    /// When the coordinator last answered a heartbeat.
+    last_contact: Mutex<Option<Instant>>,
+}
+
+pub fn now_ms() -> UnixMillis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Shared {
+    pub fn new(node: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            ready: AtomicBool::new(false),
+            observed: Mutex::new(Observed {
+                replica: ReplicaState::Stopped,
+                replica_url: None,
+                runs: Vec::new(),
+                applied_version: 0,
+            }),
+            phases: Mutex::new(VecDeque::new()),
+            next_seq: AtomicU64::new(1),
+            desired: watch::channel(None).0,
+            last_contact: Mutex::new(None),
+        }
+    }
+
+    /// Whether the load balancer may send requests to this node's replica.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        if self.ready.swap(ready, Ordering::SeqCst) != ready {
+            tracing::info!(node = %self.node, ready, "readiness changed");
+        }
+    }
+
+    pub fn observed(&self) -> Observed {
+        self.observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut Observed)) {
+        f(&mut self.observed.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Records a finished phase of a drain or reclaim sequence.
+    pub fn record_phase(&self, sequence: SequenceKind, phase: &str, started: Instant) {
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let record = PhaseRecord {
+            seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
+            sequence,
+            phase: phase.to_owned(),
+            started_at: now_ms().saturating_sub(duration_ms),
+            duration_ms,
+        };
+        tracing::info!(node = %self.node, sequence = ?sequence, phase, duration_ms, "phase done");
+        let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        phases.push_back(record);
+        if phases.len() > PHASES_SENT {
+            phases.pop_front();
+        }
+    }
+
+    pub fn phases(&self) -> Vec<PhaseRecord> {
+        self.phases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub fn desired(&self) -> Option<DesiredNode> {
+        self.desired.borrow().clone()
+    }
+
+    pub fn subscribe_desired(&self) -> watch::Receiver<Option<DesiredNode>> {
+        self.desired.subscribe()
+    }
+
+    /// Offers a desired state heard from the coordinator; one older than what is held (a
+    /// late answer) is dropped.
+    pub fn offer_desired(&self, desired: DesiredNode) {
+        self.desired.send_if_modified(|held| {
+            let newer = held.as_ref().is_none_or(|h| desired.version > h.version);
+            if newer {
+                *held = Some(desired);
+            }
+            newer
+        });
+    }
+
+    pub fn contact(&self) {
+        *self.last_contact.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// How long since the coordinator last answered (`None` before the first answer).
+    pub fn since_contact(&self) -> Option<std::time::Duration> {
+        self.last_contact
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|t| t.elapsed())
+    }
+}

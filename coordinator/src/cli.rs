@@ -1,0 +1,1037 @@
+//! The `nightshift` command line: parse arguments, call the coordinator, print the answer.
+//!
+//! [`main_with`] is the whole program behind a thin `main`; [`run`] is the same with its
+//! standard streams passed in, so tests drive it in-process. Exit codes: 0 success, 1 an API
+//! or runtime error, 2 a usage error or bad input (a job file that does not parse or
+//! validate is refused here, before any request).
+//!
+//! `--output table` (the default) prints tables and key/value blocks for people;
+//! `--output json` prints the API's own objects, pretty-printed, for `jq`. Errors always go
+//! to stderr as `error: ...`; with `--output json` they are also printed to stdout as
+//! `{"error": "...", "field": ..., "status": ...}` (`status` only when the coordinator
+//! answered), so a script reading stdout sees a JSON value either way.
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use nightshift_common::{JobSpec, JobView, NodeMode, NodeView, SpecError, UnixMillis};
+use serde::Serialize;
+
+use crate::client::{Client, ClientError};
+
+/// Where the CLI looks for the coordinator unless told otherwise.
+pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7400";
+
+/// The field `JobSpec::from_yaml` names when the file does not parse at all.
+const WHOLE_FILE_FIELD: &str = "job file";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nightshift",
+    version,
+    about = "Run research jobs on idle inference GPUs"
+)]
+pub struct Cli {
+    /// The coordinator's base URL.
+    #[arg(
+        long,
+        global = true,
+        env = "NIGHTSHIFT_URL",
+        default_value = DEFAULT_COORDINATOR,
+        value_name = "URL"
+    )]
+    pub coordinator: String,
+
+    /// How to print results.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Submit a job file (YAML or JSON); `-` reads standard input.
+    Submit {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// List jobs.
+    Jobs,
+    /// Inspect one job.
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+    },
+    /// Cancel a job; a running job is stopped first.
+    Cancel { id: u64 },
+    /// List nodes and what their GPUs are doing.
+    Nodes,
+    /// Run a self-contained demonstration cluster.
+    Demo,
+}
+
+#[derive(Debug, PartialEq, Eq, Subcommand)]
+pub enum JobCommand {
+    /// Show one job in detail.
+    Show { id: u64 },
+}
+
+/// Why a command failed, with the exit code it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("cannot read job file {path}: {source}")]
+    ReadJobFile {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("job file {path}: {}", display_spec_error(.source))]
+    JobFile {
+        path: String,
+        #[source]
+        source: SpecError,
+    },
+
+    #[error(transparent)]
+    Client(#[from] ClientError),
+
+    #[error("{0:#}")]
+    Demo(anyhow::Error),
+
+    #[error("cannot write output: {0}")]
+    Output(#[from] io::Error),
+}
+
+fn display_spec_error(err: &SpecError) -> String {
+    if err.field == WHOLE_FILE_FIELD {
+        err.rule.clone()
+    } else {
+        err.to_string()
+    }
+}
+
+impl CliError {
+    /// 2 for bad input from the user (job file, coordinator URL), 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::ReadJobFile { .. }
+            | Self::JobFile { .. }
+            | Self::Client(ClientError::InvalidUrl { .. }) => 2,
+            Self::Client(_) | Self::Demo(_) | Self::Output(_) => 1,
+        }
+    }
+
+    /// The field to blame, if one is: of the job file, or named by the coordinator.
+    pub fn field(&self) -> Option<String> {
+        match self {
+            Self::JobFile { source, .. } if source.field == WHOLE_FILE_FIELD => {
+                parse_error_field(&source.rule)
+            }
+            Self::JobFile { source, .. } => Some(source.field.clone()),
+            Self::Client(err) => err.field().map(str::to_owned),
+            _ => None,
+        }
+    }
+}
+
+/// The field a YAML parse error is about, read from the parser's message: it starts with the
+/// path of the offending value (`env[0]: ...`) and names unknown or missing keys in backticks
+/// (``unknown field `valu` ``). `None` for syntax errors.
+fn parse_error_field(rule: &str) -> Option<String> {
+    let is_path = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._[]".contains(c))
+    };
+    let (path, rest) = match rule.split_once(": ") {
+        Some((path, rest)) if is_path(path) => (Some(path), rest),
+        _ => (None, rule),
+    };
+    let key = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|prefix| {
+            rest.strip_prefix(prefix)?
+                .split_once('`')
+                .map(|(key, _)| key)
+        });
+    match (path, key) {
+        (Some(path), Some(key)) => Some(format!("{path}.{key}")),
+        (Some(path), None) => Some(path.to_owned()),
+        (None, Some(key)) => Some(key.to_owned()),
+        (None, None) => None,
+    }
+}
+
+/// The error object printed to stdout under `--output json`.
+#[derive(Serialize)]
+struct JsonError {
+    error: String,
+    field: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+}
+
+/// Runs the CLI on the process's standard streams; returns the exit code.
+pub async fn main_with<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    run(args, &mut io::stdin(), &mut io::stdout(), &mut io::stderr()).await
+}
+
+/// Runs the CLI with the given arguments (the first is the program name) and streams.
+pub async fn run<I, T>(
+    args: I,
+    stdin: &mut (dyn Read + Send),
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version are "errors" to clap that go to stdout and exit 0.
+            let mut text = e.render().to_string();
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            let _ = if e.use_stderr() {
+                err.write_all(text.as_bytes())
+            } else {
+                out.write_all(text.as_bytes())
+            };
+            return e.exit_code();
+        }
+    };
+    let json = cli.output == OutputFormat::Json;
+    match execute(&cli, stdin, out).await {
+        Ok(code) => code,
+        Err(CliError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => 1,
+        Err(e) => {
+            report(&e, json, out, err);
+            e.exit_code()
+        }
+    }
+}
+
+fn report(e: &CliError, json: bool, out: &mut (dyn Write + Send), err: &mut (dyn Write + Send)) {
+    tracing::debug!(error = ?e, "command failed");
+    let _ = writeln!(err, "error: {e}");
+    if json {
+        let status = match e {
+            CliError::Client(c) => c.status().map(|s| s.as_u16()),
+            _ => None,
+        };
+        let body = JsonError {
+            error: e.to_string(),
+            field: e.field(),
+            status,
+        };
+        let _ = print_json(out, &body);
+    }
+}
+
+async fn execute(
+    cli: &Cli,
+    stdin: &mut (dyn Read + Send),
+    out: &mut (dyn Write + Send),
+) -> Result<i32, CliError> {
+    let json = cli.output == OutputFormat::Json;
+    match &cli.command {
+        Command::Demo => return crate::demo::run(json).await.map_err(CliError::Demo),
+        Command::Submit { file } => {
+            // Read and validate first: a bad file never costs a request.
+            let spec = read_job_file(file, stdin)?;
+            let job = Client::new(&cli.coordinator)?.submit(&spec).await?;
+            print(out, json, &job, || {
+                format!(
+                    "submitted job {} ({}), now {}\n",
+                    job.id,
+                    clean(&job.spec.name),
+                    job.state.as_str()
+                )
+            })?;
+        }
+        Command::Jobs => {
+            let list = Client::new(&cli.coordinator)?.jobs().await?;
+            print(out, json, &list, || render_jobs(&list.jobs, now_ms()))?;
+        }
+        Command::Job {
+            command: JobCommand::Show { id },
+        } => {
+            let job = Client::new(&cli.coordinator)?.job(*id).await?;
+            print(out, json, &job, || render_job(&job, now_ms()))?;
+        }
+        Command::Cancel { id } => {
+            let job = Client::new(&cli.coordinator)?.cancel(*id).await?;
+            print(out, json, &job, || {
+                format!(
+                    "job {} ({}) is now {}\n",
+                    job.id,
+                    clean(&job.spec.name),
+                    job.state.as_str()
+                )
+            })?;
+        }
+        Command::Nodes => {
+            let list = Client::new(&cli.coordinator)?.nodes().await?;
+            print(out, json, &list, || render_nodes(&list.nodes, now_ms()))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Reads and validates a job file; `-` is standard input.
+fn read_job_file(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<JobSpec, CliError> {
+    let (shown, text) = if path == Path::new("-") {
+        let mut text = String::new();
+        let read = stdin.read_to_string(&mut text);
+        ("<stdin>".to_owned(), read.map(|_| text))
+    } else {
+        (path.display().to_string(), std::fs::read_to_string(path))
+    };
+    let text = text.map_err(|source| CliError::ReadJobFile {
+        path: shown.clone(),
+        source,
+    })?;
+    JobSpec::from_yaml(&text).map_err(|source| CliError::JobFile {
+        path: shown,
+        source,
+    })
+}
+
+fn print<T: Serialize>(
+    out: &mut (dyn Write + Send),
+    json: bool,
+    value: &T,
+    table: impl FnOnce() -> String,
+) -> Result<(), CliError> {
+    if json {
+        print_json(out, value)
+    } else {
+        out.write_all(table().as_bytes())?;
+        Ok(out.flush()?)
+    }
+}
+
+fn print_json<T: Serialize>(out: &mut (dyn Write + Send), value: &T) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    writeln!(out, "{text}")?;
+    Ok(out.flush()?)
+}
+
+fn now_ms() -> UnixMillis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as UnixMillis)
+}
+
+/// `jobs` as a table: ID, NAME, STATE, ATTEMPT, GPUS, NODE, AGE (since submission) and
+/// DURATION (running time, to now or to the end; `-` if it never started).
+pub fn render_jobs(jobs: &[JobView], now: UnixMillis) -> String {
+    if jobs.is_empty() {
+        return "no jobs\n".to_owned();
+    }
+    let rows = jobs
+        .iter()
+        .map(|job| {
+            vec![
+                job.id.to_string(),
+                clean(&job.spec.name),
+                job.state.as_str().to_owned(),
+                job.attempt.to_string(),
+                job.spec.gpus.to_string(),
+                job.lease
+                    .as_ref()
+                    .map_or("-".to_owned(), |l| clean(&l.node)),
+                format_duration(now.saturating_sub(job.submitted_at)),
+                run_time(job, now).map_or("-".to_owned(), format_duration),
+            ]
+        })
+        .collect::<Vec<_>>();
+    table(
+        &[
+            "ID", "NAME", "STATE", "ATTEMPT", "GPUS", "NODE", "AGE", "DURATION",
+        ],
+        &rows,
+    )
+}
+
+/// How long the job has run: from its start to its end, or to `now` if still going.
+fn run_time(job: &JobView, now: UnixMillis) -> Option<u64> {
+    let started = job.started_at?;
+    Some(job.finished_at.unwrap_or(now).saturating_sub(started))
+}
+
+/// `job show` as a key/value block.
+pub fn render_job(job: &JobView, now: UnixMillis) -> String {
+    let spec = &job.spec;
+    let mut kv: Vec<(&str, String)> = vec![
+        ("id", job.id.to_string()),
+        ("name", clean(&spec.name)),
+        ("state", job.state.as_str().to_owned()),
+    ];
+    if let Some(owner) = &spec.owner {
+        kv.push(("owner", clean(owner)));
+    }
+    kv.push(("image", clean(&spec.image)));
+    if !spec.command.is_empty() {
+        kv.push(("command", shell_words(&spec.command)));
+    }
+    if !spec.args.is_empty() {
+        kv.push(("args", shell_words(&spec.args)));
+    }
+    if !spec.env.is_empty() {
+        let names: Vec<&str> = spec.env.iter().map(|v| v.name.as_str()).collect();
+        kv.push(("env", clean(&names.join(", "))));
+    }
+    kv.push(("gpus", spec.gpus.to_string()));
+    kv.push(("priority", spec.priority.to_string()));
+    kv.push((
+        "checkpoint",
+        format!(
+            "{}, {}s grace",
+            clean(&spec.checkpoint.signal),
+            spec.checkpoint.grace_period_seconds
+        ),
+    ));
+    kv.push(("attempt", job.attempt.to_string()));
+    kv.push(("preemptions", job.preemptions.to_string()));
+    kv.push(("submitted", format_relative(now, job.submitted_at)));
+    if let Some(t) = job.started_at {
+        kv.push(("started", format_relative(now, t)));
+    }
+    if let Some(t) = job.finished_at {
+        kv.push(("finished", format_relative(now, t)));
+    }
+    if let Some(d) = run_time(job, now) {
+        kv.push(("duration", format_duration(d)));
+    }
+    if let Some(lease) = &job.lease {
+        let gpus: Vec<String> = lease.gpus.iter().map(u32::to_string).collect();
+        let mut text = format!(
+            "node {}, gpus {}, epoch {}, lease {}, ",
+            clean(&lease.node),
+            gpus.join(","),
+            lease.epoch,
+            lease.lease_id
+        );
+        if lease.revoked {
+            text.push_str("revoked");
+        } else if lease.expires_at > now {
+            text.push_str(&format!(
+                "expires {}",
+                format_relative(now, lease.expires_at)
+            ));
+        } else {
+            text.push_str(&format!(
+                "expired {}",
+                format_relative(now, lease.expires_at)
+            ));
+        }
+        kv.push(("lease", text));
+    }
+    if let Some(code) = job.exit_code {
+        kv.push(("exit code", code.to_string()));
+    }
+    for (i, (key, value)) in job.outputs.iter().enumerate() {
+        kv.push((
+            if i == 0 { "outputs" } else { "" },
+            format!("{} = {}", clean(key), clean(value)),
+        ));
+    }
+    if let Some(message) = &job.message {
+        kv.push(("message", clean(message)));
+    }
+    key_values(&kv)
+}
+
+/// `nodes` as a table. GPUS is `lent to jobs / total`; JOBS lists the jobs holding them;
+/// LAST HEARTBEAT says when the agent last reported, and whether it is considered reachable.
+pub fn render_nodes(nodes: &[NodeView], now: UnixMillis) -> String {
+    if nodes.is_empty() {
+        return "no nodes\n".to_owned();
+    }
+    let rows = nodes
+        .iter()
+        .map(|node| {
+            let used = node.gpus.iter().filter(|g| g.job_id.is_some()).count();
+            let mut jobs: Vec<u64> = node.gpus.iter().filter_map(|g| g.job_id).collect();
+            jobs.sort_unstable();
+            jobs.dedup();
+            let jobs: Vec<String> = jobs.iter().map(u64::to_string).collect();
+            let mut heartbeat = node
+                .last_heartbeat
+                .map_or("never".to_owned(), |t| format_relative(now, t));
+            if !node.reachable {
+                heartbeat.push_str(" (unreachable)");
+            }
+            vec![
+                clean(&node.name),
+                mode_str(node.mode).to_owned(),
+                node.replica
+                    .as_ref()
+                    .map_or("-", |r| r.state.as_str())
+                    .to_owned(),
+                format!("{used}/{}", node.gpus.len()),
+                if jobs.is_empty() {
+                    "-".to_owned()
+                } else {
+                    jobs.join(",")
+                },
+                heartbeat,
+            ]
+        })
+        .collect::<Vec<_>>();
+    table(
+        &["NAME", "MODE", "REPLICA", "GPUS", "JOBS", "LAST HEARTBEAT"],
+        &rows,
+    )
+}
+
+fn mode_str(mode: NodeMode) -> &'static str {
+    match mode {
+        NodeMode::Serve => "serve",
+        NodeMode::Lend => "lend",
+    }
+}
+
+/// Left-aligned columns two spaces apart, no trailing spaces.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    let mut push_row = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut line = String::new();
+        for (cell, width) in cells.zip(&widths) {
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 2));
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    };
+    push_row(&mut headers.iter().copied());
+    for row in rows {
+        push_row(&mut row.iter().map(String::as_str));
+    }
+    text
+}
+
+/// `key:` padded so that values line up; an empty key continues the previous entry.
+fn key_values(kv: &[(&str, String)]) -> String {
+    let width = kv.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+    let mut text = String::new();
+    for (key, value) in kv {
+        let label = if key.is_empty() {
+            String::new()
+        } else {
+            format!("{key}:")
+        };
+        text.push_str(format!("{label:<width$}  {value}").trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// A duration in the style of `kubectl`: `45s`, `3m12s`, `42m`, `5h3m`, `2d4h`.
+pub fn format_duration(ms: u64) -> String {
+    let s = ms / 1000;
+    let (m, h, d) = (s / 60, s / 3600, s / 86_400);
+    match s {
+        0..120 => format!("{s}s"),
+        120..600 if s.is_multiple_of(60) => format!("{m}m"),
+        120..600 => format!("{m}m{}s", s % 60),
+        600..3600 => format!("{m}m"),
+        3600..86_400 if m.is_multiple_of(60) => format!("{h}h"),
+        3600..86_400 => format!("{h}h{}m", m % 60),
+        _ if h.is_multiple_of(24) => format!("{d}d"),
+        _ => format!("{d}d{}h", h % 24),
+    }
+}
+
+/// `12s ago` for a past instant, `in 25s` for a future one (lease expiry, clock skew).
+pub fn format_relative(now: UnixMillis, at: UnixMillis) -> String {
+    if at <= now {
+        format!("{} ago", format_duration(now - at))
+    } else {
+        format!("in {}", format_duration(at - now))
+    }
+}
+
+/// Words joined by spaces, quoted where a shell would need it.
+fn shell_words(words: &[String]) -> String {
+    let quoted: Vec<String> = words
+        .iter()
+        .map(|w| {
+            let plain = !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
+            if plain {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', r"'\''"))
+            }
+        })
+        .collect();
+    clean(&quoted.join(" "))
+}
+
+/// User-supplied text made safe for a terminal: control characters are escaped, so a job
+/// name cannot break a table or send escape sequences.
+fn clean(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use nightshift_common::{EnvVar, JobList, JobState, NodeMode};
+
+    use super::*;
+    use crate::client::fake::{self, T0};
+
+    const NOW: UnixMillis = T0 + 300_000;
+
+    async fn cli(args: &[&str], stdin: &str) -> (i32, String, String) {
+        let mut input = stdin.as_bytes();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let args = std::iter::once("nightshift").chain(args.iter().copied());
+        let code = run(args, &mut input, &mut out, &mut err).await;
+        (
+            code,
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("nightshift").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn global_flags_go_before_or_after_the_subcommand() {
+        let cli = parse(&["--coordinator", "http://c:1", "-o", "json", "jobs"]).unwrap();
+        assert_eq!(
+            (cli.coordinator.as_str(), cli.output, cli.command),
+            ("http://c:1", OutputFormat::Json, Command::Jobs)
+        );
+        let cli = parse(&[
+            "job",
+            "show",
+            "12",
+            "--output",
+            "json",
+            "--coordinator",
+            "http://d",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.command,
+            Command::Job {
+                command: JobCommand::Show { id: 12 }
+            }
+        );
+        assert_eq!(
+            (cli.coordinator.as_str(), cli.output),
+            ("http://d", OutputFormat::Json)
+        );
+        let cli = parse(&["submit", "-"]).unwrap();
+        assert_eq!(cli.command, Command::Submit { file: "-".into() });
+        assert_eq!(
+            parse(&["cancel", "3"]).unwrap().command,
+            Command::Cancel { id: 3 }
+        );
+        assert_eq!(parse(&["nodes"]).unwrap().command, Command::Nodes);
+        assert_eq!(parse(&["demo"]).unwrap().command, Command::Demo);
+    }
+
+    #[test]
+    fn defaults_are_table_and_the_local_coordinator() {
+        let cli = parse(&["jobs"]).unwrap();
+        assert_eq!(cli.output, OutputFormat::Table);
+        // The environment of the test process may point elsewhere.
+        if std::env::var_os("NIGHTSHIFT_URL").is_none() {
+            assert_eq!(cli.coordinator, DEFAULT_COORDINATOR);
+        }
+    }
+
+    #[tokio::test]
+    async fn usage_errors_exit_2_and_help_exits_0() {
+        for args in [
+            &["job", "show", "abc"][..],
+            &["--output", "yaml", "jobs"],
+            &["submit"],
+            &["cancel", "-1"],
+            &["frobnicate"],
+        ] {
+            let (code, out, err) = cli(args, "").await;
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(
+                out.is_empty() && err.starts_with("error: "),
+                "{args:?}: {err}"
+            );
+        }
+        let (code, out, err) = cli(&[], "").await;
+        assert_eq!(code, 2);
+        assert!(out.is_empty() && err.contains("Usage: nightshift"), "{err}");
+        let (code, out, _) = cli(&["--help"], "").await;
+        assert_eq!(code, 0);
+        assert!(out.contains("Usage: nightshift"), "{out}");
+        let (code, out, _) = cli(&["--version"], "").await;
+        assert_eq!(
+            (code, out.as_str()),
+            (0, concat!("nightshift ", env!("CARGO_PKG_VERSION"), "\n"))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_invalid_coordinator_url_is_bad_input() {
+        let (code, _, err) = cli(&["--coordinator", "coord:7400", "jobs"], "").await;
+        assert_eq!(code, 2);
+        assert_eq!(
+            err,
+            "error: invalid coordinator url \"coord:7400\": expected http://host:port\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bad_job_file_exits_2_before_any_request() {
+        let (url, hits) = fake::serve(fake::coordinator()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.yaml");
+        std::fs::write(&path, "name: train\nimage: trainer:1\ngpus: 0\n").unwrap();
+        let path = path.to_str().unwrap();
+
+        let (code, out, err) = cli(&["--coordinator", &url, "submit", path], "").await;
+        assert_eq!((code, out.as_str()), (2, ""));
+        assert_eq!(
+            err,
+            format!("error: job file {path}: gpus: must be at least 1\n")
+        );
+
+        let (code, out, _) = cli(&["--coordinator", &url, "-o", "json", "submit", path], "").await;
+        assert_eq!(code, 2);
+        let body: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(body["field"], "gpus");
+        assert_eq!(
+            body["error"],
+            format!("job file {path}: gpus: must be at least 1")
+        );
+
+        let stdin = "name: a\nimage: b\ngpus: 1\nenv:\n  - name: X\n    valu: 1\n";
+        let (code, out, err) =
+            cli(&["--coordinator", &url, "-o", "json", "submit", "-"], stdin).await;
+        assert_eq!(code, 2);
+        assert!(
+            err.starts_with("error: job file <stdin>: env[0]: unknown field `valu`"),
+            "{err}"
+        );
+        assert!(err.contains("line 6"), "{err}");
+        let body: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(body["field"], "env[0].valu");
+
+        let missing = dir.path().join("nope.yaml");
+        let missing = missing.to_str().unwrap();
+        let (code, _, err) = cli(&["--coordinator", &url, "submit", missing], "").await;
+        assert_eq!(code, 2);
+        assert!(
+            err.starts_with(&format!("error: cannot read job file {missing}: ")),
+            "{err}"
+        );
+
+        assert_eq!(hits.load(Ordering::SeqCst), 0, "no request may be sent");
+    }
+
+    #[tokio::test]
+    async fn submit_from_stdin_prints_the_new_job() {
+        let (url, hits) = fake::serve(fake::coordinator()).await;
+        let stdin = "name: sft\nimage: trainer:1\ngpus: 2\n";
+        let (code, out, err) = cli(&["--coordinator", &url, "submit", "-"], stdin).await;
+        assert_eq!(
+            (code, out.as_str(), err.as_str()),
+            (0, "submitted job 9 (sft), now queued\n", "")
+        );
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+        let (code, out, _) =
+            cli(&["--coordinator", &url, "-o", "json", "submit", "-"], stdin).await;
+        assert_eq!(code, 0);
+        let job: JobView = serde_json::from_str(&out).unwrap();
+        assert_eq!((job.id, job.spec.gpus), (9, 2));
+    }
+
+    #[tokio::test]
+    async fn an_api_refusal_exits_1_naming_the_field() {
+        let (url, _) = fake::serve(fake::coordinator()).await;
+        let stdin = "name: big\nimage: trainer:1\ngpus: 8\n";
+        let (code, out, err) = cli(&["--coordinator", &url, "submit", "-"], stdin).await;
+        assert_eq!((code, out.as_str()), (1, ""));
+        assert_eq!(
+            err,
+            "error: 409 Conflict: gpus: no node has more than 4 gpus\n"
+        );
+
+        let (code, out, _) =
+            cli(&["--coordinator", &url, "-o", "json", "submit", "-"], stdin).await;
+        assert_eq!(code, 1);
+        let body: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "error": "409 Conflict: gpus: no node has more than 4 gpus",
+                "field": "gpus",
+                "status": 409,
+            })
+        );
+
+        let (code, _, err) = cli(&["--coordinator", &url, "job", "show", "99"], "").await;
+        assert_eq!(
+            (code, err.as_str()),
+            (1, "error: 404 Not Found: job 99 not found\n")
+        );
+    }
+
+    #[tokio::test]
+    async fn connection_refused_gives_the_friendly_message() {
+        let url = fake::refused_url();
+        let (code, out, err) = cli(&["--coordinator", &url, "nodes"], "").await;
+        assert_eq!((code, out.as_str()), (1, ""));
+        assert_eq!(
+            err,
+            format!(
+                "error: cannot reach the coordinator at {url}: connection refused \
+                 (is nightshift-coordinator running? set --coordinator or NIGHTSHIFT_URL)\n"
+            )
+        );
+        let (code, out, _) = cli(&["--coordinator", &url, "-o", "json", "nodes"], "").await;
+        assert_eq!(code, 1);
+        let body: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(body["field"], serde_json::Value::Null);
+        assert!(body.get("status").is_none());
+    }
+
+    #[tokio::test]
+    async fn json_output_is_the_api_object() {
+        let (url, _) = fake::serve(fake::coordinator()).await;
+        let (code, out, _) = cli(&["--coordinator", &url, "jobs", "-o", "json"], "").await;
+        assert_eq!(code, 0);
+        let list: JobList = serde_json::from_str(&out).unwrap();
+        assert_eq!(list.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [7, 8]);
+
+        let (code, out, _) = cli(&["--coordinator", &url, "jobs"], "").await;
+        assert_eq!(code, 0);
+        assert!(out.starts_with("ID  NAME"), "{out}");
+
+        let (code, out, _) = cli(&["--coordinator", &url, "cancel", "7"], "").await;
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "job 7 (train-llama) is now cancelling\n")
+        );
+
+        let (code, out, _) = cli(&["--coordinator", &url, "job", "show", "7"], "").await;
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("lease:        node gpu-03, gpus 0,1, epoch 7, lease 14"),
+            "{out}"
+        );
+
+        let (code, out, _) = cli(&["--coordinator", &url, "nodes"], "").await;
+        assert_eq!(code, 0);
+        assert!(out.contains("gpu-03  lend   stopped  2/4   7"), "{out}");
+    }
+
+    #[test]
+    fn jobs_table() {
+        let jobs = [
+            fake::running(7, fake::spec("train-llama", 2)),
+            fake::queued(8, fake::spec("eval", 1)),
+            JobView {
+                state: JobState::Succeeded,
+                finished_at: Some(T0 + 252_000),
+                exit_code: Some(0),
+                lease: None,
+                ..fake::running(12, fake::spec("tab\there", 4))
+            },
+        ];
+        assert_eq!(
+            render_jobs(&jobs, NOW),
+            "\
+ID  NAME         STATE      ATTEMPT  GPUS  NODE    AGE  DURATION
+7   train-llama  running    2        2     gpu-03  5m   4m
+8   eval         queued     1        1     -       5m   -
+12  tab\\there    succeeded  2        4     -       5m   3m12s
+"
+        );
+        assert_eq!(render_jobs(&[], NOW), "no jobs\n");
+    }
+
+    #[test]
+    fn job_block() {
+        let mut spec = fake::spec("train-llama", 2);
+        spec.owner = Some("alice".into());
+        spec.command = vec!["python".into(), "train.py".into()];
+        spec.args = vec![
+            "--lr".into(),
+            "1e-4".into(),
+            "--note".into(),
+            "two words".into(),
+        ];
+        spec.env = vec![EnvVar {
+            name: "HF_HOME".into(),
+            value: "/data/hf".into(),
+        }];
+        let mut job = fake::running(7, spec);
+        job.outputs.insert("loss".into(), "0.31".into());
+        job.outputs.insert("step".into(), "1200".into());
+        job.message = Some("resumed from step 1100".into());
+        assert_eq!(
+            render_job(&job, NOW),
+            "\
+id:           7
+name:         train-llama
+state:        running
+owner:        alice
+image:        registry.example/team/trainer:1.4
+command:      python train.py
+args:         --lr 1e-4 --note 'two words'
+env:          HF_HOME
+gpus:         2
+priority:     0
+checkpoint:   SIGTERM, 30s grace
+attempt:      2
+preemptions:  1
+submitted:    5m ago
+started:      4m ago
+duration:     4m
+lease:        node gpu-03, gpus 0,1, epoch 7, lease 14, expires in 100s
+outputs:      loss = 0.31
+              step = 1200
+message:      resumed from step 1100
+"
+        );
+
+        let mut job = fake::queued(8, fake::spec("eval", 1));
+        job.state = JobState::Failed;
+        job.exit_code = Some(137);
+        let text = render_job(&job, NOW);
+        assert!(text.contains("\nexit code:    137\n"), "{text}");
+        assert!(!text.contains("lease"), "{text}");
+    }
+
+    #[test]
+    fn nodes_table() {
+        let mut lost = fake::node(
+            "gpu-04",
+            NodeMode::Lend,
+            [Some(12), Some(9), Some(12), None],
+        );
+        lost.reachable = false;
+        lost.last_heartbeat = Some(T0);
+        let mut new = fake::node("gpu-05", NodeMode::Serve, [None; 4]);
+        new.replica = None;
+        new.last_heartbeat = None;
+        let nodes = [
+            fake::node("gpu-01", NodeMode::Serve, [None; 4]),
+            fake::node("gpu-03", NodeMode::Lend, [Some(7), Some(7), None, None]),
+            lost,
+            new,
+        ];
+        assert_eq!(
+            render_nodes(&nodes, NOW),
+            "\
+NAME    MODE   REPLICA  GPUS  JOBS  LAST HEARTBEAT
+gpu-01  serve  serving  0/4   -     1s ago
+gpu-03  lend   stopped  2/4   7     1s ago
+gpu-04  lend   stopped  3/4   9,12  5m ago (unreachable)
+gpu-05  serve  -        0/4   -     never
+"
+        );
+        assert_eq!(render_nodes(&[], NOW), "no nodes\n");
+    }
+
+    #[test]
+    fn durations_read_like_kubectl() {
+        let cases = [
+            (0, "0s"),
+            (999, "0s"),
+            (45_000, "45s"),
+            (119_000, "119s"),
+            (120_000, "2m"),
+            (192_000, "3m12s"),
+            (42 * 60_000, "42m"),
+            (2 * 3_600_000, "2h"),
+            ((5 * 60 + 3) * 60_000, "5h3m"),
+            (3 * 86_400_000, "3d"),
+            ((2 * 24 + 4) * 3_600_000, "2d4h"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(format_duration(ms), text, "{ms} ms");
+        }
+        assert_eq!(format_relative(NOW, NOW - 12_000), "12s ago");
+        assert_eq!(format_relative(NOW, NOW + 25_000), "in 25s");
+    }
+
+    #[test]
+    fn parse_errors_name_their_field() {
+        let cases = [
+            (
+                "env[0]: unknown field `valu`, expected `name` or `value` at line 6",
+                Some("env[0].valu"),
+            ),
+            ("missing field `gpus`", Some("gpus")),
+            (
+                "gpus: invalid type: string \"many\", expected u32 at line 3",
+                Some("gpus"),
+            ),
+            (
+                "unknown field `foo`, expected one of `name` at line 4 column 1",
+                Some("foo"),
+            ),
+            (
+                "did not find expected key, while parsing a block mapping",
+                None,
+            ),
+        ];
+        for (rule, field) in cases {
+            assert_eq!(parse_error_field(rule).as_deref(), field, "{rule}");
+        }
+    }
+
+    #[test]
+    fn shell_words_quote_only_where_needed() {
+        let words = ["python", "-c", "print('hi')", "", "a=b"].map(String::from);
+        assert_eq!(
+            shell_words(&words),
+            r#"python -c 'print('\''hi'\'')' '' a=b"#
+        );
+    }
+}

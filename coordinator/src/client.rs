@@ -1,0 +1,707 @@
+//! A typed async client for the coordinator's HTTP API, used by the `nightshift` CLI.
+//!
+//! Every call has a connect timeout ([`CONNECT_TIMEOUT`]) and a whole-request timeout
+//! ([`REQUEST_TIMEOUT`]), so the CLI never hangs on a coordinator that is gone. Errors say
+//! what went wrong in terms a user can act on: an unreachable coordinator names the URL and
+//! how to point the CLI elsewhere; an API refusal keeps the server's [`ApiError`], field
+//! included.
+
+use std::fmt;
+use std::time::Duration;
+
+use nightshift_common::{ApiError, JobList, JobSpec, JobView, NodeList};
+use reqwest::{Method, StatusCode, Url};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// How long to wait for the TCP connection to the coordinator.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a whole request may take, answer included.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// At most this much of an unexpected (non-JSON) error body is kept for the message.
+const BODY_SNIPPET_CHARS: usize = 200;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid coordinator url {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+
+    #[error(
+        "cannot reach the coordinator at {url}: {} (is nightshift-coordinator running? \
+         set --coordinator or NIGHTSHIFT_URL)",
+        describe_transport(.source)
+    )]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+
+    #[error("the coordinator did not answer {request} within {after:?}")]
+    Timeout {
+        request: String,
+        after: Duration,
+        #[source]
+        source: reqwest::Error,
+    },
+
+    #[error("{request} failed: {}", describe_transport(.source))]
+    Transport {
+        request: String,
+        #[source]
+        source: reqwest::Error,
+    },
+
+    /// The coordinator refused the request with its usual error body.
+    #[error("{}", display_api(*.status, .error))]
+    Api { status: StatusCode, error: ApiError },
+
+    /// An error status whose body is not an [`ApiError`] (a proxy in the way, say).
+    #[error("{status} from {request}: {body}")]
+    Status {
+        request: String,
+        status: StatusCode,
+        body: String,
+    },
+
+    #[error("unexpected answer to {request}: {source}")]
+    Decode {
+        request: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ClientError {
+    /// The HTTP status of an answer the coordinator gave, if it gave one.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Api { status, .. } | Self::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The request field the coordinator blamed, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::Api { error, .. } => error.field.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+fn display_api(status: StatusCode, error: &ApiError) -> String {
+    match &error.field {
+        // The server may already have written "field: rule"; do not say the field twice.
+        Some(field) if !error.error.starts_with(&format!("{field}:")) => {
+            format!("{status}: {field}: {}", error.error)
+        }
+        _ => format!("{status}: {}", error.error),
+    }
+}
+
+/// A short cause for a transport failure: the innermost error, in plain words where the OS
+/// error has a well-known meaning ("connection refused" rather than "os error 111").
+fn describe_transport(err: &reqwest::Error) -> String {
+    if err.is_timeout() {
+        return "timed out".to_owned();
+    }
+    let mut innermost: &dyn std::error::Error = err;
+    let mut io_kind = None;
+    while let Some(next) = innermost.source() {
+        if let Some(io) = next.downcast_ref::<std::io::Error>() {
+            io_kind = Some(io.kind());
+        }
+        innermost = next;
+    }
+    match io_kind {
+        Some(std::io::ErrorKind::ConnectionRefused) => "connection refused".to_owned(),
+        Some(std::io::ErrorKind::ConnectionReset) => "connection reset".to_owned(),
+        Some(std::io::ErrorKind::ConnectionAborted) => "connection aborted".to_owned(),
+        Some(std::io::ErrorKind::HostUnreachable) => "host unreachable".to_owned(),
+        Some(std::io::ErrorKind::NetworkUnreachable) => "network unreachable".to_owned(),
+        _ => innermost.to_string(),
+    }
+}
+
+/// A client for one coordinator. Cheap to clone; clones share a connection pool.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    /// Always ends with `/`, so that relative API paths join below it.
+    base: Url,
+    /// The base as the user would write it, for messages.
+    shown: String,
+    request_timeout: Duration,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client for the coordinator at `base_url`, e.g. `http://127.0.0.1:7400`. A path is
+    /// kept as a prefix (`http://gw/nightshift` talks to `http://gw/nightshift/v1/jobs`).
+    pub fn new(base_url: &str) -> Result<Self, ClientError> {
+        Self::with_timeouts(base_url, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+    }
+
+    /// [`Client::new`] with other timeouts than the defaults.
+    pub fn with_timeouts(
+        base_url: &str,
+        connect: Duration,
+        request: Duration,
+    ) -> Result<Self, ClientError> {
+        let invalid = |reason: &str| ClientError::InvalidUrl {
+            url: base_url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if !base_url.contains("://") {
+            return Err(invalid("expected http://host:port"));
+        }
+        let mut base = Url::parse(base_url.trim()).map_err(|e| invalid(&e.to_string()))?;
+        match base.scheme() {
+            "http" => {}
+            "https" => return Err(invalid("https is not supported by this build; use http://")),
+            _ => return Err(invalid("the scheme must be http://")),
+        }
+        if base.host_str().is_none_or(str::is_empty) {
+            return Err(invalid("a host is required"));
+        }
+        if !base.username().is_empty() || base.password().is_some() {
+            return Err(invalid("credentials in the url are not supported"));
+        }
+        if base.query().is_some() || base.fragment().is_some() {
+            return Err(invalid("a query or fragment is not allowed"));
+        }
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let shown = base.as_str().trim_end_matches('/').to_owned();
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect)
+            .timeout(request)
+            .user_agent(concat!("nightshift/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| invalid(&describe_transport(&e)))?;
+        Ok(Self {
+            http,
+            base,
+            shown,
+            request_timeout: request,
+        })
+    }
+
+    /// The coordinator's base URL, without a trailing `/`.
+    pub fn base_url(&self) -> &str {
+        &self.shown
+    }
+
+    /// `POST /v1/jobs`: queues a job.
+    pub async fn submit(&self, spec: &JobSpec) -> Result<JobView, ClientError> {
+        self.call(Method::POST, "v1/jobs", Some(spec)).await
+    }
+
+    /// `GET /v1/jobs`.
+    pub async fn jobs(&self) -> Result<JobList, ClientError> {
+        self.call::<(), _>(Method::GET, "v1/jobs", None).await
+    }
+
+    /// `GET /v1/jobs/{id}`.
+    pub async fn job(&self, id: u64) -> Result<JobView, ClientError> {
+        self.call::<(), _>(Method::GET, &format!("v1/jobs/{id}"), None)
+            .await
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`: the job as it is right after the request, which is
+    /// `cancelling` while its container is being stopped.
+    pub async fn cancel(&self, id: u64) -> Result<JobView, ClientError> {
+        self.call::<(), _>(Method::POST, &format!("v1/jobs/{id}/cancel"), None)
+            .await
+    }
+
+    /// `GET /v1/nodes`.
+    pub async fn nodes(&self) -> Result<NodeList, ClientError> {
+        self.call::<(), _>(Method::GET, "v1/nodes", None).await
+    }
+
+    /// `GET /healthz`: `Ok` when the coordinator answers 200.
+    pub async fn healthz(&self) -> Result<(), ClientError> {
+        let (request, response) = self.send::<()>(Method::GET, "healthz", None).await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport(&request, e))?;
+        Err(error_from_body(request, status, &body))
+    }
+
+    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let (request, response) = self.send(method, path, body).await?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport(&request, e))?;
+        if !status.is_success() {
+            return Err(error_from_body(request, status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode { request, source })
+    }
+
+    /// Sends one request; returns its description ("GET http://...") for later messages.
+    async fn send<B: Serialize + ?Sized>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<(String, reqwest::Response), ClientError> {
+        let url = self.base.join(path).map_err(|e| ClientError::InvalidUrl {
+            url: format!("{}/{path}", self.shown),
+            reason: e.to_string(),
+        })?;
+        let request = format!("{method} {url}");
+        tracing::debug!(%method, %url, "request");
+        let mut builder = self.http.request(method, url);
+        if let Some(body) = body {
+            builder = builder.json(body);
+        }
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| self.transport(&request, e))?;
+        Ok((request, response))
+    }
+
+    fn transport(&self, request: &str, source: reqwest::Error) -> ClientError {
+        if source.is_connect() {
+            ClientError::Unreachable {
+                url: self.shown.clone(),
+                source,
+            }
+        } else if source.is_timeout() {
+            ClientError::Timeout {
+                request: request.to_owned(),
+                after: self.request_timeout,
+                source,
+            }
+        } else {
+            ClientError::Transport {
+                request: request.to_owned(),
+                source,
+            }
+        }
+    }
+}
+
+fn error_from_body(request: String, status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ApiError>(body) {
+        Ok(error) => ClientError::Api { status, error },
+        Err(_) => {
+            let text = String::from_utf8_lossy(body);
+            let text = text.trim();
+            let mut body: String = text.chars().take(BODY_SNIPPET_CHARS).collect();
+            if text.chars().count() > BODY_SNIPPET_CHARS {
+                body.push_str("...");
+            }
+            if body.is_empty() {
+                body = "empty body".to_owned();
+            }
+            ClientError::Status {
+                request,
+                status,
+                body,
+            }
+        }
+    }
+}
+
+/// An in-process stand-in for the coordinator's API with canned answers, shared by the
+/// client's and the CLI's tests.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::extract::{Path, Request};
+    use axum::http::StatusCode;
+    use axum::middleware::{self, Next};
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    use nightshift_common::{
+        ApiError, CheckpointPolicy, JobList, JobSpec, JobState, JobView, LeaseView, NodeGpuView,
+        NodeList, NodeMode, NodeView, ReplicaState, ReplicaStatus, ServingSignals,
+    };
+
+    pub const T0: u64 = 1_700_000_000_000;
+
+    pub fn spec(name: &str, gpus: u32) -> JobSpec {
+        JobSpec {
+            name: name.into(),
+            image: "registry.example/team/trainer:1.4".into(),
+            command: vec![],
+            args: vec![],
+            env: vec![],
+            gpus,
+            priority: 0,
+            owner: None,
+            checkpoint: CheckpointPolicy::default(),
+        }
+    }
+
+    pub fn queued(id: u64, spec: JobSpec) -> JobView {
+        JobView {
+            id,
+            spec,
+            state: JobState::Queued,
+            attempt: 1,
+            preemptions: 0,
+            submitted_at: T0,
+            started_at: None,
+            finished_at: None,
+            lease: None,
+            exit_code: None,
+            outputs: BTreeMap::new(),
+            message: None,
+        }
+    }
+
+    pub fn running(id: u64, spec: JobSpec) -> JobView {
+        let gpus = (0..spec.gpus).collect();
+        JobView {
+            state: JobState::Running,
+            attempt: 2,
+            preemptions: 1,
+            started_at: Some(T0 + 60_000),
+            lease: Some(LeaseView {
+                lease_id: 14,
+                epoch: 7,
+                node: "gpu-03".into(),
+                gpus,
+                granted_at: T0 + 50_000,
+                expires_at: T0 + 400_000,
+                revoked: false,
+            }),
+            ..queued(id, spec)
+        }
+    }
+
+    pub fn node(name: &str, mode: NodeMode, jobs: [Option<u64>; 4]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            service: "llama-70b".into(),
+            mode,
+            desired_version: 3,
+            applied_version: 3,
+            gpus: jobs
+                .iter()
+                .enumerate()
+                .map(|(i, job_id)| NodeGpuView {
+                    index: i as u32,
+                    uuid: format!("GPU-{name}-{i}"),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    memory_total_bytes: 80 << 30,
+                    memory_used_bytes: Some(1 << 30),
+                    job_id: *job_id,
+                })
+                .collect(),
+            replica: Some(ReplicaStatus {
+                state: match mode {
+                    NodeMode::Serve => ReplicaState::Serving,
+                    NodeMode::Lend => ReplicaState::Stopped,
+                },
+                signals: ServingSignals::default(),
+            }),
+            reachable: true,
+            last_heartbeat: Some(T0 + 299_000),
+            recent_phases: vec![],
+        }
+    }
+
+    fn not_found(id: u64) -> (StatusCode, Json<ApiError>) {
+        (
+            StatusCode::NOT_FOUND,
+            Json(ApiError {
+                error: format!("job {id} not found"),
+                field: None,
+            }),
+        )
+    }
+
+    /// The canned coordinator: job 7 exists (running), job 8 is queued; submitting more than
+    /// 4 GPUs is refused with 409 on `gpus`.
+    pub fn coordinator() -> Router {
+        Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/v1/jobs",
+                post(|Json(spec): Json<JobSpec>| async move {
+                    if spec.gpus > 4 {
+                        let error = ApiError {
+                            error: "no node has more than 4 gpus".into(),
+                            field: Some("gpus".into()),
+                        };
+                        return Err((StatusCode::CONFLICT, Json(error)));
+                    }
+                    Ok((StatusCode::CREATED, Json(queued(9, spec))))
+                })
+                .get(|| async {
+                    Json(JobList {
+                        jobs: vec![
+                            running(7, spec("train-llama", 2)),
+                            queued(8, spec("eval", 1)),
+                        ],
+                    })
+                }),
+            )
+            .route(
+                "/v1/jobs/{id}",
+                get(|Path(id): Path<u64>| async move {
+                    if id == 7 {
+                        Ok(Json(running(7, spec("train-llama", 2))))
+                    } else {
+                        Err(not_found(id))
+                    }
+                }),
+            )
+            .route(
+                "/v1/jobs/{id}/cancel",
+                post(|Path(id): Path<u64>| async move {
+                    if id != 7 {
+                        return Err(not_found(id));
+                    }
+                    Ok(Json(JobView {
+                        state: JobState::Cancelling,
+                        ..running(7, spec("train-llama", 2))
+                    }))
+                }),
+            )
+            .route(
+                "/v1/nodes",
+                get(|| async {
+                    Json(NodeList {
+                        nodes: vec![
+                            node("gpu-01", NodeMode::Serve, [None; 4]),
+                            node("gpu-03", NodeMode::Lend, [Some(7), Some(7), None, None]),
+                        ],
+                    })
+                }),
+            )
+    }
+
+    /// Serves `router` on an ephemeral port; returns its base URL and a count of the
+    /// requests it has received.
+    pub async fn serve(router: Router) -> (String, Arc<AtomicUsize>) {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let router = router.layer(middleware::from_fn(move |req: Request, next: Next| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                next.run(req).await
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        (format!("http://{addr}"), hits)
+    }
+
+    /// A base URL on which nothing listens.
+    pub fn refused_url() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        format!("http://{addr}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::routing::get;
+    use nightshift_common::JobState;
+
+    use super::fake::{self, serve};
+    use super::*;
+
+    #[tokio::test]
+    async fn calls_decode_the_api_objects() {
+        let (url, hits) = serve(fake::coordinator()).await;
+        let client = Client::new(&url).unwrap();
+        client.healthz().await.unwrap();
+        let job = client.submit(&fake::spec("sft", 2)).await.unwrap();
+        assert_eq!(
+            (job.id, job.state, job.spec.name.as_str()),
+            (9, JobState::Queued, "sft")
+        );
+        assert_eq!(client.jobs().await.unwrap().jobs.len(), 2);
+        assert_eq!(client.job(7).await.unwrap().lease.unwrap().node, "gpu-03");
+        assert_eq!(client.cancel(7).await.unwrap().state, JobState::Cancelling);
+        assert_eq!(client.nodes().await.unwrap().nodes[1].name, "gpu-03");
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn refusals_keep_status_and_field() {
+        let (url, _) = serve(fake::coordinator()).await;
+        let client = Client::new(&url).unwrap();
+        let err = client.submit(&fake::spec("big", 8)).await.unwrap_err();
+        assert_eq!(err.status(), Some(StatusCode::CONFLICT));
+        assert_eq!(err.field(), Some("gpus"));
+        assert_eq!(
+            err.to_string(),
+            "409 Conflict: gpus: no node has more than 4 gpus"
+        );
+
+        let err = client.job(99).await.unwrap_err();
+        assert_eq!(err.to_string(), "404 Not Found: job 99 not found");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_the_api_object_is_a_decode_error() {
+        let router = Router::new()
+            .route("/v1/nodes", get(|| async { r#"{"nodes": [{"name": 3}]}"# }))
+            .route(
+                "/v1/jobs",
+                get(|| async { (StatusCode::BAD_GATEWAY, "upstream connect error") }),
+            );
+        let (url, _) = serve(router).await;
+        let client = Client::new(&url).unwrap();
+        let err = client.nodes().await.unwrap_err();
+        assert!(matches!(err, ClientError::Decode { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("unexpected answer to GET {url}/v1/nodes: "))
+        );
+
+        let err = client.jobs().await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("502 Bad Gateway from GET {url}/v1/jobs: upstream connect error")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_coordinator_that_never_answers_times_out() {
+        let router = Router::new().route("/v1/jobs", get(std::future::pending::<String>));
+        let (url, _) = serve(router).await;
+        let client = Client::with_timeouts(&url, CONNECT_TIMEOUT, Duration::from_millis(200));
+        let err = client.unwrap().jobs().await.unwrap_err();
+        assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!("the coordinator did not answer GET {url}/v1/jobs within 200ms")
+        );
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_explained() {
+        let url = fake::refused_url();
+        let err = Client::new(&url).unwrap().jobs().await.unwrap_err();
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot reach the coordinator at {url}: connection refused \
+                 (is nightshift-coordinator running? set --coordinator or NIGHTSHIFT_URL)"
+            )
+        );
+    }
+
+    #[test]
+    fn base_url_is_validated_and_normalised() {
+        let c = Client::new("http://127.0.0.1:7400").unwrap();
+        assert_eq!(c.base_url(), "http://127.0.0.1:7400");
+        assert_eq!(
+            c.base.join("v1/jobs").unwrap().as_str(),
+            "http://127.0.0.1:7400/v1/jobs"
+        );
+
+        let c = Client::new("http://gw.example/nightshift").unwrap();
+        assert_eq!(
+            c.base.join("v1/jobs").unwrap().as_str(),
+            "http://gw.example/nightshift/v1/jobs"
+        );
+
+        for (url, reason) in [
+            ("127.0.0.1:7400", "expected http://host:port"),
+            ("localhost:7400", "expected http://host:port"),
+            ("http://", "empty host"),
+            ("https://coord:7400", "https is not supported"),
+            ("ftp://coord", "scheme"),
+            ("http://coord:7400/?x=1", "query"),
+            ("http://user:pw@coord:7400", "credentials"),
+        ] {
+            let err = Client::new(url).unwrap_err();
+            assert!(
+                matches!(err, ClientError::InvalidUrl { .. }),
+                "{url}: {err:?}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains(url) && msg.contains(reason), "{url}: {msg}");
+        }
+    }
+
+    #[test]
+    fn api_error_names_status_and_field_once() {
+        let err = ClientError::Api {
+            status: StatusCode::CONFLICT,
+            error: ApiError {
+                error: "no node has 8 gpus".into(),
+                field: Some("gpus".into()),
+            },
+        };
+        assert_eq!(err.to_string(), "409 Conflict: gpus: no node has 8 gpus");
+        assert_eq!(err.field(), Some("gpus"));
+
+        let err = ClientError::Api {
+            status: StatusCode::BAD_REQUEST,
+            error: ApiError {
+                error: "gpus: must be at least 1".into(),
+                field: Some("gpus".into()),
+            },
+        };
+        assert_eq!(err.to_string(), "400 Bad Request: gpus: must be at least 1");
+
+        let err = ClientError::Api {
+            status: StatusCode::NOT_FOUND,
+            error: ApiError {
+                error: "job 7 not found".into(),
+                field: None,
+            },
+        };
+        assert_eq!(err.to_string(), "404 Not Found: job 7 not found");
+    }
+
+    #[test]
+    fn a_foreign_error_body_is_kept_short() {
+        let err = error_from_body(
+            "GET http://c/v1/jobs".into(),
+            StatusCode::BAD_GATEWAY,
+            "<html>".repeat(100).as_bytes(),
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("502 Bad Gateway from GET http://c/v1/jobs: <html>"),
+            "{msg}"
+        );
+        assert!(msg.ends_with("..."), "{msg}");
+        assert_eq!(err.status(), Some(StatusCode::BAD_GATEWAY));
+    }
+}

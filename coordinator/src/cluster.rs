@@ -1,0 +1,137 @@
+//! The coordinator's state behind its HTTP shell: the decision core, the durable store, and a
+//! version channel per node that wakes agents long-polling for their desired state.
+//!
+//! [`Cluster::apply`] is the only way in: it runs one core call with the current time,
+//! writes every change the core reports to the store, and only then publishes new desired
+//! versions, so an agent never acts on a decision that a crash could forget.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nightshift_common::UnixMillis;
+use nightshift_core::{Core, CoreConfig, CoreError, Effect};
+use tokio::sync::watch;
+
+use crate::store::{Changes, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    #[error("state not saved: {0}")]
+    Store(#[from] StoreError),
+}
+
+struct Inner {
+    core: Core,
+    store: Store,
+}
+
+pub struct Cluster {
+    inner: Mutex<Inner>,
+    config: CoreConfig,
+    versions: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+/// Wall-clock milliseconds since the Unix epoch: the only clock the core is given.
+pub fn now_ms() -> UnixMillis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Cluster {
+    /// Opens the store and rebuilds the core from it.
+    pub fn open(config: CoreConfig, store: Store) -> Result<Self, StoreError> {
+        let snapshot = store.load()?;
+        let core = Core::restore(config.clone(), snapshot, now_ms());
+        let versions = core
+            .node_names()
+            .filter_map(|n| {
+                Some((
+                    n.to_owned(),
+                    watch::channel(core.node(n)?.desired_version).0,
+                ))
+            })
+            .collect();
+        Ok(Self {
+            inner: Mutex::new(Inner { core, store }),
+            config,
+            versions: Mutex::new(versions),
+        })
+    }
+
+    /// Runs `f` on the core at the current time, persists what changed, then wakes the agents
+    /// whose desired state moved. If saving fails, the core is rebuilt from the store, so
+    /// memory never runs ahead of disk.
+    pub fn apply<T>(
+        &self,
+        f: impl FnOnce(&mut Core, UnixMillis) -> Result<T, CoreError>,
+    ) -> Result<T, ApplyError> {
+        let now = now_ms();
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let result = f(&mut inner.core, now);
+        let effects = inner.core.poll_effects();
+        if effects.is_empty() {
+            return Ok(result?);
+        }
+        let mut changes = Changes {
+            counters: Some(inner.core.next_ids()),
+            ..Default::default()
+        };
+        let mut moved = Vec::new();
+        for effect in &effects {
+            match effect {
+                Effect::JobChanged(id) => changes.jobs.extend(inner.core.job(*id)),
+                Effect::NodeChanged(name) => {
+                    if let Some(n) = inner.core.node_snapshot(name) {
+                        moved.push((name.clone(), n.desired_version));
+                        changes.nodes.push(n);
+                    }
+                }
+            }
+        }
+        if let Err(e) = inner.store.write(&changes) {
+            tracing::error!(error = %e, "saving state failed; reloading the core from the store");
+            let snapshot = inner.store.load()?;
+            inner.core = Core::restore(self.config.clone(), snapshot, now);
+            return Err(e.into());
+        }
+        drop(inner);
+        let mut versions = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, version) in moved {
+            versions
+                .entry(node)
+                .and_modify(|tx| {
+                    tx.send_if_modified(|v| std::mem::replace(v, version) != version);
+                })
+                .or_insert_with(|| watch::channel(version).0);
+        }
+        Ok(result?)
+    }
+
+    /// Reads the core at the current time.
+    pub fn read<T>(&self, f: impl FnOnce(&Core, UnixMillis) -> T) -> T {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&inner.core, now_ms())
+    }
+
+    /// A receiver of `node`'s desired-state version, or `None` for an unknown node.
+    pub fn watch(&self, node: &str) -> Option<watch::Receiver<u64>> {
+        self.versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .map(|tx| tx.subscribe())
+    }
+
+    /// When the core next wants a tick.
+    pub fn next_deadline(&self) -> Option<UnixMillis> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .core
+            .next_deadline()
+    }
+}

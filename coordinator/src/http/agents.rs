@@ -1,0 +1,91 @@
+//! `/v1/agents`: the agent protocol. Register, heartbeat (answered with the desired state),
+//! and a long-poll that returns as soon as the node's desired state moves past a version.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use nightshift_common::{DesiredNode, Heartbeat, RegisterReply, RegisterRequest};
+use serde::Deserialize;
+
+use super::{HttpError, parse};
+use crate::cluster::Cluster;
+
+/// Longest a long-poll is held open.
+const MAX_WAIT_MS: u64 = 60_000;
+
+pub async fn register(
+    State(cluster): State<Arc<Cluster>>,
+    body: Bytes,
+) -> Result<Json<RegisterReply>, HttpError> {
+    let req: RegisterRequest = parse("registration", &body)?;
+    if req.node.trim().is_empty() {
+        return Err(HttpError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "node: must not be empty",
+            Some("node"),
+        ));
+    }
+    let reply = cluster.apply(|core, now| {
+        core.register(now, &req.node, &req.service, req.gpus.clone())?;
+        let cfg = core.config();
+        Ok(RegisterReply {
+            node: req.node.clone(),
+            heartbeat_interval_ms: cfg.heartbeat_interval_ms,
+            lease_ttl_ms: cfg.lease_ttl_ms,
+        })
+    })?;
+    tracing::info!(node = %req.node, service = %req.service, gpus = req.gpus.len(), version = %req.agent_version, "agent registered");
+    Ok(Json(reply))
+}
+
+pub async fn heartbeat(
+    State(cluster): State<Arc<Cluster>>,
+    Path(node): Path<String>,
+    body: Bytes,
+) -> Result<Json<DesiredNode>, HttpError> {
+    let beat: Heartbeat = parse("heartbeat", &body)?;
+    let desired = cluster.apply(|core, now| {
+        core.heartbeat(now, &node, beat)?;
+        Ok(core
+            .desired(&node)
+            .expect("a node that just heartbeat exists"))
+    })?;
+    Ok(Json(desired))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredQuery {
+    /// Answer once the desired version is above this one.
+    #[serde(default)]
+    after: u64,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+pub async fn desired(
+    State(cluster): State<Arc<Cluster>>,
+    Path(node): Path<String>,
+    Query(q): Query<DesiredQuery>,
+) -> Result<Json<DesiredNode>, HttpError> {
+    let unknown = || {
+        HttpError::new(
+            StatusCode::NOT_FOUND,
+            format!("node {node} is not registered"),
+            None,
+        )
+    };
+    let mut rx = cluster.watch(&node).ok_or_else(unknown)?;
+    let wait = Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
+    // Either the version moves past `after`, or the wait runs out: both answer the current
+    // desired state.
+    let _ = tokio::time::timeout(wait, rx.wait_for(|v| *v > q.after)).await;
+    cluster
+        .read(|core, _| core.desired(&node))
+        .map(Json)
+        .ok_or_else(unknown)
+}

@@ -1,0 +1,30 @@
+//! `/v1/nodes` and `/v1/services/{name}/gateway`: what operators and load balancers see and
+//! say.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use nightshift_common::{GatewaySignals, NodeList};
+
+use super::{HttpError, parse};
+use crate::cluster::Cluster;
+
+pub async fn list(State(cluster): State<Arc<Cluster>>) -> Json<NodeList> {
+    Json(NodeList {
+        nodes: cluster.read(|core, now| core.nodes(now)),
+    })
+}
+
+/// A gateway in front of a service reports the requests it holds for want of a ready replica.
+pub async fn gateway(
+    State(cluster): State<Arc<Cluster>>,
+    Path(service): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, HttpError> {
+    let signals: GatewaySignals = parse("gateway signals", &body)?;
+    cluster.apply(|core, now| core.gateway(now, &service, signals.waiting))?;
+    Ok(StatusCode::NO_CONTENT)
+}

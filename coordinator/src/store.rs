@@ -1,0 +1,343 @@
+//! The coordinator's durable store: one SQLite file in WAL mode.
+//!
+//! Jobs (with their leases) and nodes are kept as JSON records of the wire types, keyed by id,
+//! plus the counters that must never go backwards (job ids, lease ids, fencing epochs). Every
+//! change the core reports is written in one transaction before the request that caused it
+//! is answered, so an acknowledged submission survives a SIGKILL.
+
+use std::path::{Path, PathBuf};
+
+use nightshift_common::{GpuInfo, JobView, NodeMode, UnixMillis};
+use nightshift_core::{CoreSnapshot, NodeSnapshot};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+/// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &["
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT;
+    CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL, record TEXT NOT NULL) STRICT;
+    CREATE TABLE nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL) STRICT;
+"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("database {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("database {path}: {what} holds a record that does not parse: {source}")]
+    Corrupt {
+        path: PathBuf,
+        what: String,
+        source: serde_json::Error,
+    },
+    #[error(
+        "database {path} has schema version {found}, newer than this coordinator knows ({known}); \
+         upgrade nightshift-coordinator"
+    )]
+    TooNew {
+        path: PathBuf,
+        found: usize,
+        known: usize,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredNode {
+    name: String,
+    service: String,
+    gpus: Vec<GpuInfo>,
+    mode: NodeMode,
+    desired_version: u64,
+    mode_since: UnixMillis,
+}
+
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// One batch of changes, written atomically.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub jobs: Vec<JobView>,
+    pub nodes: Vec<NodeSnapshot>,
+    pub counters: Option<(u64, u64, u64)>,
+}
+
+impl Store {
+    /// Opens (creating when needed) `DIR/nightshift.db` and brings its schema up to date.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        })?;
+        let path = data_dir.join("nightshift.db");
+        let conn = Connection::open(&path).map_err(|source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        })?;
+        let mut store = Self { conn, path };
+        store.setup()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn sql(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn setup(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;",
+            )
+            .map_err(|e| self.sql(e))?;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| self.sql(e))?;
+        let version = usize::try_from(version).unwrap_or(usize::MAX);
+        if version > MIGRATIONS.len() {
+            return Err(StoreError::TooNew {
+                path: self.path.clone(),
+                found: version,
+                known: MIGRATIONS.len(),
+            });
+        }
+        for (i, migration) in MIGRATIONS.iter().enumerate().skip(version) {
+            let tx = self.conn.transaction().map_err(|e| StoreError::Sqlite {
+                path: self.path.clone(),
+                source: e,
+            })?;
+            tx.execute_batch(migration)
+                .and_then(|()| tx.pragma_update(None, "user_version", (i + 1) as i64))
+                .and_then(|()| tx.commit())
+                .map_err(|source| StoreError::Sqlite {
+                    path: self.path.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Everything needed to rebuild the core.
+    pub fn load(&self) -> Result<CoreSnapshot, StoreError> {
+        let mut snapshot = CoreSnapshot::default();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, record FROM jobs ORDER BY id")
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .map_err(|e| self.sql(e))?;
+        for row in rows {
+            let (id, record) = row.map_err(|e| self.sql(e))?;
+            let job = serde_json::from_str(&record).map_err(|source| StoreError::Corrupt {
+                path: self.path.clone(),
+                what: format!("job {id}"),
+                source,
+            })?;
+            snapshot.jobs.push(job);
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, record FROM nodes ORDER BY name")
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(|e| self.sql(e))?;
+        for row in rows {
+            let (name, record) = row.map_err(|e| self.sql(e))?;
+            let n: StoredNode =
+                serde_json::from_str(&record).map_err(|source| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("node {name}"),
+                    source,
+                })?;
+            snapshot.nodes.push(NodeSnapshot {
+                name: n.name,
+                service: n.service,
+                gpus: n.gpus,
+                mode: n.mode,
+                desired_version: n.desired_version,
+                mode_since: n.mode_since,
+            });
+        }
+        let counter = |key: &str| -> Result<u64, StoreError> {
+            let v: Option<i64> = self
+                .conn
+                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+                .optional()
+                .map_err(|e| self.sql(e))?;
+            Ok(v.unwrap_or(0) as u64)
+        };
+        snapshot.next_job_id = counter("next_job_id")?;
+        snapshot.next_lease_id = counter("next_lease_id")?;
+        snapshot.next_epoch = counter("next_epoch")?;
+        Ok(snapshot)
+    }
+
+    /// Writes one batch of changes in a single transaction.
+    pub fn write(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        for job in &changes.jobs {
+            let record = serde_json::to_string(job).expect("wire types always serialize");
+            tx.execute(
+                "INSERT INTO jobs (id, state, record) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET state = excluded.state, record = excluded.record",
+                params![job.id as i64, job.state.as_str(), record],
+            )
+            .map_err(sql)?;
+        }
+        for n in &changes.nodes {
+            let stored = StoredNode {
+                name: n.name.clone(),
+                service: n.service.clone(),
+                gpus: n.gpus.clone(),
+                mode: n.mode,
+                desired_version: n.desired_version,
+                mode_since: n.mode_since,
+            };
+            let record = serde_json::to_string(&stored).expect("wire types always serialize");
+            tx.execute(
+                "INSERT INTO nodes (name, record) VALUES (?1, ?2)
+                 ON CONFLICT(name) DO UPDATE SET record = excluded.record",
+                params![n.name, record],
+            )
+            .map_err(sql)?;
+        }
+        if let Some((job, lease, epoch)) = changes.counters {
+            for (key, value) in [
+                ("next_job_id", job),
+                ("next_lease_id", lease),
+                ("next_epoch", epoch),
+            ] {
+                tx.execute(
+                    "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                     ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
+                    params![key, value as i64],
+                )
+                .map_err(sql)?;
+            }
+        }
+        tx.commit().map_err(sql)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nightshift_common::{CheckpointPolicy, JobSpec, JobState};
+    use std::collections::BTreeMap;
+
+    fn job(id: u64) -> JobView {
+        JobView {
+            id,
+            spec: JobSpec {
+                name: "t".into(),
+                image: "i".into(),
+                command: vec![],
+                args: vec![],
+                env: vec![],
+                gpus: 1,
+                priority: 0,
+                owner: None,
+                checkpoint: CheckpointPolicy::default(),
+            },
+            state: JobState::Queued,
+            attempt: 1,
+            preemptions: 0,
+            submitted_at: 5,
+            started_at: None,
+            finished_at: None,
+            lease: None,
+            exit_code: None,
+            outputs: BTreeMap::new(),
+            message: None,
+        }
+    }
+
+    #[test]
+    fn written_changes_come_back_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let mut j = job(1);
+        store
+            .write(&Changes {
+                jobs: vec![j.clone()],
+                counters: Some((2, 1, 1)),
+                ..Default::default()
+            })
+            .unwrap();
+        j.state = JobState::Running;
+        j.attempt = 2;
+        store
+            .write(&Changes {
+                jobs: vec![j.clone(), job(2)],
+                counters: Some((3, 5, 7)),
+                ..Default::default()
+            })
+            .unwrap();
+        drop(store);
+        let snapshot = Store::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(snapshot.jobs, vec![j, job(2)]);
+        assert_eq!(
+            (
+                snapshot.next_job_id,
+                snapshot.next_lease_id,
+                snapshot.next_epoch
+            ),
+            (3, 5, 7)
+        );
+    }
+
+    #[test]
+    fn counters_never_go_backwards() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        store
+            .write(&Changes {
+                counters: Some((9, 9, 9)),
+                ..Default::default()
+            })
+            .unwrap();
+        store
+            .write(&Changes {
+                counters: Some((3, 3, 3)),
+                ..Default::default()
+            })
+            .unwrap();
+        let s = store.load().unwrap();
+        assert_eq!((s.next_job_id, s.next_lease_id, s.next_epoch), (9, 9, 9));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_with_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        let conn = Connection::open(dir.path().join("nightshift.db")).unwrap();
+        conn.pragma_update(None, "user_version", 99).unwrap();
+        drop(conn);
+        let err = Store::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("nightshift.db has schema version 99"), "{err}");
+    }
+}
