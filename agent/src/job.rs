@@ -48,8 +48,8 @@ impl JobDirs {
     }
 }
 
-pub fn container_name(lease: &LeaseGrant) -> String {
-    format!("nightshift-job-{}-{}", lease.job_id, lease.lease_id)
+pub fn container_name(node: &str, lease: &LeaseGrant) -> String {
+    format!("nightshift-job-{node}-{}-{}", lease.job_id, lease.lease_id)
 }
 
 /// The container for `lease` on `node`, given its GPUs through `gpus`.
@@ -99,7 +99,7 @@ pub fn container_spec(
         ),
     ]);
     ContainerSpec {
-        name: container_name(lease),
+        name: container_name(node, lease),
         image: job.image.clone(),
         entrypoint: job.command.clone(),
         args: job.args.clone(),
@@ -195,7 +195,7 @@ mod tests {
         assert_eq!(spec.labels["io.nightshift.epoch"], "4");
         assert_eq!(spec.labels[GRACE_LABEL], "7");
         assert_eq!(spec.stop_signal.as_deref(), Some("SIGUSR1"));
-        assert_eq!(spec.name, "nightshift-job-3-9");
+        assert_eq!(spec.name, "nightshift-job-n1-3-9");
         assert!(spec.binds[0].0.ends_with("jobs/3/checkpoint"));
     }
 

@@ -140,9 +140,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 self.start_jobs(&containers, &leases).await?;
             }
         }
+        // Report what ended before forgetting it: a removed container's exit is still told.
         let containers = self.managed().await?;
-        self.remove_finished(&containers, &leases).await;
         self.publish_runs(&containers, &leases);
+        self.remove_finished(&containers, &leases).await;
         self.shared.update(|o| o.applied_version = desired.version);
         Ok(())
     }

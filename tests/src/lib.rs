@@ -1,1 +1,314 @@
-//! stub
+//! The integration-test harness: start a real coordinator and real agents in-process (or as
+//! processes), against the real Docker engine, with the stand-in images that
+//! `tests/images/build.sh` builds.
+//!
+//! Every test uses its own node names, so the containers it starts carry their own labels and
+//! a [`Cleanup`] guard removes exactly those, even when the test panics.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nightshift_agent::agent::AgentHandle;
+use nightshift_agent::config::AgentConfig;
+use nightshift_agent::engine::docker::DockerEngine;
+use nightshift_agent::gpus::fake::FakeGpus;
+use nightshift_agent::reconcile::Reconciler;
+use nightshift_agent::serving::http::HttpServing;
+use nightshift_agent::state::Shared;
+use nightshift_common::{CheckpointPolicy, EnvVar, JobSpec, labels};
+use nightshift_coordinator::config::{
+    CoordinatorConfig, ScaleDownConfig, ScaleUpConfig, ServiceConfig,
+};
+
+pub const VLLM_IMAGE: &str = "nightshift/vllm-standin:dev";
+pub const TRAINER_IMAGE: &str = "nightshift/toy-trainer:dev";
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                "warn,nightshift_agent=info,nightshift_coordinator=info".into()
+            }),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A unique name for this test's node, so its containers are its own.
+pub fn unique_node(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
+/// Fails the test with instructions when the stand-in images are missing.
+pub fn require_images() {
+    for image in [VLLM_IMAGE, TRAINER_IMAGE] {
+        let ok = std::process::Command::new("docker")
+            .args(["image", "inspect", image])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(
+            ok,
+            "image {image} is missing: run tests/images/build.sh (the README's test command does)"
+        );
+    }
+}
+
+/// Removes every container of `node` when dropped.
+pub struct Cleanup(pub String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        remove_containers(&self.0);
+    }
+}
+
+pub fn remove_containers(node: &str) {
+    let filter = format!("label={}={node}", labels::MANAGED_BY);
+    if let Ok(out) = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &filter])
+        .output()
+    {
+        let ids = String::from_utf8_lossy(&out.stdout);
+        let ids: Vec<&str> = ids.split_whitespace().collect();
+        if !ids.is_empty() {
+            let _ = std::process::Command::new("docker")
+                .arg("rm")
+                .arg("-f")
+                .args(ids)
+                .output();
+        }
+    }
+}
+
+/// `docker inspect` of a container, as JSON.
+pub fn docker_inspect(id: &str) -> serde_json::Value {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", id])
+        .output()
+        .expect("docker inspect");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("docker inspect json");
+    v[0].clone()
+}
+
+/// Containers of `node` with `role`, as (id, name, state) from `docker ps`.
+pub fn containers(node: &str, role: &str) -> Vec<(String, String, String)> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label={}={node}", labels::MANAGED_BY),
+            "--filter",
+            &format!("label={}={role}", labels::ROLE),
+            "--format",
+            "{{.ID}} {{.Names}} {{.State}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut p = l.split_whitespace();
+            Some((
+                p.next()?.to_owned(),
+                p.next()?.to_owned(),
+                p.next()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// Polls `check` every 100 ms until it yields a value, or panics after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An agent configuration for tests: fake GPUs, the stand-in replica on an ephemeral port,
+/// short timeouts.
+pub fn agent_config(coordinator: &str, node: &str, work_dir: &Path, gpus: u32) -> AgentConfig {
+    let mut cfg = AgentConfig {
+        coordinator: coordinator.to_owned(),
+        node: node.to_owned(),
+        work_dir: work_dir.to_owned(),
+        readiness_grace_s: 0.3,
+        drain_timeout_s: 60.0,
+        free_timeout_s: 5.0,
+        health_timeout_s: 60.0,
+        ..AgentConfig::default()
+    };
+    cfg.gpus.fake = Some(gpus);
+    cfg.replica.image = VLLM_IMAGE.to_owned();
+    cfg.replica.host_ip = "127.0.0.1".to_owned();
+    cfg.replica.host_port = 0;
+    cfg.replica.shutdown_timeout_s = 30.0;
+    cfg.replica.env = vec![
+        "STANDIN_TOKEN_LATENCY_MS=10".to_owned(),
+        "STANDIN_MAX_NUM_SEQS=4".to_owned(),
+        "STANDIN_SHUTDOWN_TIMEOUT_S=30".to_owned(),
+    ];
+    cfg
+}
+
+/// A coordinator configuration for tests: one service that may lend every replica, with
+/// windows of about a second.
+pub fn coordinator_config(data_dir: &Path) -> CoordinatorConfig {
+    CoordinatorConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: data_dir.to_owned(),
+        heartbeat_interval_ms: 200,
+        lease_ttl_ms: 10_000,
+        services: vec![ServiceConfig {
+            name: "default".into(),
+            min_replicas: 0,
+            cooldown_s: 1.0,
+            gateway_signal_ttl_s: 2.0,
+            scale_down: ScaleDownConfig {
+                max_waiting: 0.0,
+                max_running_per_replica: 4.0,
+                window_s: 1.0,
+            },
+            scale_up: ScaleUpConfig {
+                waiting_per_replica: 2.0,
+                running_per_replica: 8.0,
+            },
+        }],
+    }
+}
+
+/// A coordinator served in-process on an ephemeral port.
+pub struct TestCoordinator {
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestCoordinator {
+    pub async fn start(cfg: &CoordinatorConfig) -> Self {
+        let cluster = nightshift_coordinator::server::open(cfg).expect("open coordinator state");
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .expect("bind coordinator");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        let task = tokio::spawn(async move {
+            let _ =
+                nightshift_coordinator::server::serve(listener, cluster, std::future::pending())
+                    .await;
+        });
+        Self { url, task }
+    }
+
+    pub fn client(&self) -> nightshift_coordinator::client::Client {
+        nightshift_coordinator::client::Client::new(&self.url).expect("client")
+    }
+}
+
+impl Drop for TestCoordinator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts an agent in-process, with its readiness endpoint on an ephemeral port.
+pub async fn start_agent(cfg: AgentConfig, gpus: u32) -> (AgentHandle, String) {
+    let node = cfg.node_name();
+    let engine = DockerEngine::connect().await.expect("docker");
+    let serving = HttpServing::new().expect("http client");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind readiness");
+    let status_url = format!("http://{}/status", listener.local_addr().expect("addr"));
+    let handle = nightshift_agent::agent::start(
+        cfg,
+        engine,
+        FakeGpus::new(&node, gpus),
+        serving,
+        Some(listener),
+    )
+    .expect("start agent");
+    (handle, status_url)
+}
+
+/// A reconciler driven directly by the test, which plays the coordinator by offering desired
+/// states: the agent's sequences against real containers, without the autoscaler's timing.
+pub async fn reconciler(
+    cfg: AgentConfig,
+    gpus: u32,
+) -> (
+    Reconciler<DockerEngine, FakeGpus, HttpServing>,
+    Arc<Shared>,
+    Arc<FakeGpus>,
+) {
+    let node = cfg.node_name();
+    let shared = Arc::new(Shared::new(&node));
+    let fake = Arc::new(FakeGpus::new(&node, gpus));
+    let engine = Arc::new(DockerEngine::connect().await.expect("docker"));
+    let serving = Arc::new(HttpServing::new().expect("http client"));
+    let r = Reconciler::new(Arc::new(cfg), engine, fake.clone(), serving, shared.clone());
+    (r, shared, fake)
+}
+
+/// The toy trainer as a job: `target` steps at `rate` per second, a checkpoint every
+/// `every` steps.
+pub fn trainer_job(name: &str, gpus: u32, target: u64, rate: u64, every: u64) -> JobSpec {
+    JobSpec {
+        name: name.to_owned(),
+        image: TRAINER_IMAGE.to_owned(),
+        command: vec![],
+        args: vec![],
+        env: vec![
+            EnvVar {
+                name: "TRAINER_TARGET_STEP".into(),
+                value: target.to_string(),
+            },
+            EnvVar {
+                name: "TRAINER_STEPS_PER_SEC".into(),
+                value: rate.to_string(),
+            },
+            EnvVar {
+                name: "TRAINER_CHECKPOINT_EVERY".into(),
+                value: every.to_string(),
+            },
+        ],
+        gpus,
+        priority: 0,
+        owner: None,
+        checkpoint: CheckpointPolicy {
+            signal: "SIGTERM".into(),
+            grace_period_seconds: 10,
+        },
+    }
+}
+
+/// Sends one completion request to `base` and returns its HTTP status.
+pub async fn complete(
+    client: &reqwest::Client,
+    base: &str,
+    max_tokens: u32,
+) -> Result<u16, String> {
+    client
+        .post(format!("{base}/v1/completions"))
+        .json(&serde_json::json!({"model": "standin-model", "prompt": "hello there", "max_tokens": max_tokens}))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .map_err(|e| e.to_string())
+}
