@@ -312,3 +312,47 @@ pub async fn complete(
         .map(|r| r.status().as_u16())
         .map_err(|e| e.to_string())
 }
+
+/// A binary of the workspace, built next to the test executables
+/// (`cargo build --workspace --bins` builds them; the README's test command does).
+pub fn workspace_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        bin.display()
+    );
+    bin
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// The coordinator configuration of [`coordinator_config`] as a TOML file's text.
+pub fn coordinator_toml(cfg: &CoordinatorConfig) -> String {
+    let s = &cfg.services[0];
+    format!(
+        "heartbeat_interval_ms = {}\nlease_ttl_ms = {}\n[[services]]\nname = \"{}\"\nmin_replicas = {}\n\
+         cooldown_s = {}\ngateway_signal_ttl_s = {}\n[services.scale_down]\nmax_waiting = {}\n\
+         max_running_per_replica = {}\nwindow_s = {}\n[services.scale_up]\nwaiting_per_replica = {}\n\
+         running_per_replica = {}\n",
+        cfg.heartbeat_interval_ms,
+        cfg.lease_ttl_ms,
+        s.name,
+        s.min_replicas,
+        s.cooldown_s,
+        s.gateway_signal_ttl_s,
+        s.scale_down.max_waiting,
+        s.scale_down.max_running_per_replica,
+        s.scale_down.window_s,
+        s.scale_up.waiting_per_replica,
+        s.scale_up.running_per_replica,
+    )
+}

@@ -1,0 +1,208 @@
+//! A coordinator and an agent together, against the real Docker engine: restarts of either
+//! side lose nothing and duplicate nothing.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nightshift_common::{JobState, ReplicaState};
+use nightshift_coordinator::client::Client;
+use nightshift_tests::*;
+
+const STARTUP: Duration = Duration::from_secs(60);
+
+async fn replica_state(client: &Client, node: &str) -> Option<ReplicaState> {
+    let nodes = client.nodes().await.ok()?;
+    nodes
+        .nodes
+        .into_iter()
+        .find(|n| n.name == node)?
+        .replica
+        .map(|r| r.state)
+}
+
+async fn job_state(client: &Client, id: u64) -> Option<JobState> {
+    client.job(id).await.ok().map(|j| j.state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restart_adopts_running_containers_without_duplicating_them() {
+    init_tracing();
+    require_images();
+    let node = unique_node("adopt");
+    let _cleanup = Cleanup(node.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
+    let client = coordinator.client();
+    let work = dir.path().join("work");
+
+    // A serving replica survives an agent restart as the same container.
+    let (agent, _) = start_agent(agent_config(&coordinator.url, &node, &work, 4), 4).await;
+    wait_for("the replica to serve", STARTUP, || async {
+        (replica_state(&client, &node).await == Some(ReplicaState::Serving)).then_some(())
+    })
+    .await;
+    let replica = containers(&node, "replica");
+    agent.stop();
+    let (agent, _) = start_agent(agent_config(&coordinator.url, &node, &work, 4), 4).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        containers(&node, "replica"),
+        replica,
+        "the same replica container, still running"
+    );
+    assert_eq!(
+        replica_state(&client, &node).await,
+        Some(ReplicaState::Serving)
+    );
+
+    // A running job survives an agent restart as the same container.
+    let job = client
+        .submit(&trainer_job("long", 4, 1_000_000, 20, 100))
+        .await
+        .unwrap();
+    wait_for("the job to run", STARTUP, || async {
+        (job_state(&client, job.id).await == Some(JobState::Running)).then_some(())
+    })
+    .await;
+    let jobs = containers(&node, "job");
+    assert_eq!(jobs.len(), 1);
+    let lease = client.job(job.id).await.unwrap().lease.expect("lease");
+    agent.stop();
+    let (agent, _) = start_agent(agent_config(&coordinator.url, &node, &work, 4), 4).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        containers(&node, "job"),
+        jobs,
+        "the same job container, not a second one"
+    );
+    let after = client.job(job.id).await.unwrap();
+    assert_eq!((after.state, after.attempt), (JobState::Running, 1));
+    assert_eq!(after.lease.map(|l| l.epoch), Some(lease.epoch));
+    let replicas = containers(&node, "replica");
+    assert!(
+        replicas.iter().all(|(_, _, s)| s != "running"),
+        "the replica stays down: {replicas:?}"
+    );
+    agent.stop();
+}
+
+struct Coordinator(Child);
+
+impl Coordinator {
+    fn spawn(port: u16, data: &std::path::Path, config: &std::path::Path) -> Self {
+        let child = Command::new(workspace_bin("nightshift-coordinator"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn nightshift-coordinator");
+        Self(child)
+    }
+
+    fn sigkill(mut self) {
+        self.0.kill().expect("SIGKILL");
+        self.0.wait().expect("reap");
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() {
+    init_tracing();
+    require_images();
+    let node = unique_node("sigkill");
+    let _cleanup = Cleanup(node.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("state");
+    let config = dir.path().join("coordinator.toml");
+    std::fs::write(&config, coordinator_toml(&coordinator_config(&data))).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let client = Client::new(&url).unwrap();
+
+    let coordinator = Coordinator::spawn(port, &data, &config);
+    wait_for("the coordinator", STARTUP, || async {
+        client.healthz().await.ok()
+    })
+    .await;
+    let (agent, _) = start_agent(agent_config(&url, &node, &dir.path().join("work"), 4), 4).await;
+    wait_for("the replica to serve", STARTUP, || async {
+        (replica_state(&client, &node).await == Some(ReplicaState::Serving)).then_some(())
+    })
+    .await;
+    let running = client
+        .submit(&trainer_job("running", 4, 1_000_000, 20, 100))
+        .await
+        .unwrap();
+    let queued: Vec<u64> = vec![
+        client
+            .submit(&trainer_job("queued-1", 2, 100, 20, 100))
+            .await
+            .unwrap()
+            .id,
+        client
+            .submit(&trainer_job("queued-2", 4, 100, 20, 100))
+            .await
+            .unwrap()
+            .id,
+    ];
+    wait_for("the first job to run", STARTUP, || async {
+        (job_state(&client, running.id).await == Some(JobState::Running)).then_some(())
+    })
+    .await;
+    let before = client.jobs().await.unwrap().jobs;
+    let container = containers(&node, "job");
+
+    coordinator.sigkill();
+    let _coordinator = Coordinator::spawn(port, &data, &config);
+    wait_for("the restarted coordinator", STARTUP, || async {
+        client.healthz().await.ok()
+    })
+    .await;
+
+    let after = client.jobs().await.unwrap().jobs;
+    assert_eq!(after.len(), 3, "{after:?}");
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(
+            (b.id, b.state, b.attempt),
+            (a.id, a.state, a.attempt),
+            "job {} unchanged",
+            b.id
+        );
+        assert_eq!(
+            b.lease.as_ref().map(|l| l.epoch),
+            a.lease.as_ref().map(|l| l.epoch)
+        );
+    }
+    assert_eq!(after[0].state, JobState::Running);
+    for id in &queued {
+        assert_eq!(job_state(&client, *id).await, Some(JobState::Queued));
+    }
+    // The agent carries on under the same lease: the same container, the job still running.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        job_state(&client, running.id).await,
+        Some(JobState::Running)
+    );
+    assert_eq!(containers(&node, "job"), container);
+    let next = client
+        .submit(&trainer_job("after-restart", 1, 10, 20, 100))
+        .await
+        .unwrap();
+    assert_eq!(next.id, 4, "ids continue where they were");
+    agent.stop();
+}
