@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's test command: installs what the tests need on a fresh machine with Docker,
+# builds the stand-in images, then runs every test of the workspace.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+if ! docker info >/dev/null 2>&1; then
+    echo "tests/run.sh: the Docker engine is not reachable; start dockerd first" >&2
+    exit 1
+fi
+
+# The engine tests build a tiny FROM-scratch image around the host's static busybox.
+if [ ! -x /bin/busybox ]; then
+    echo "tests/run.sh: installing busybox-static (for the engine tests' image)"
+    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq busybox-static >/dev/null
+fi
+
+bash tests/images/build.sh
+cargo build --workspace --bins
+cargo test --workspace "$@"
