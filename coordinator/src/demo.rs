@@ -53,7 +53,10 @@ impl Timeline {
         if self.live {
             println!("[{t:6.1}s] {what}");
         }
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push((t, what));
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((t, what));
     }
 
     fn to_json(&self) -> serde_json::Value {
@@ -83,13 +86,27 @@ pub async fn run(json: bool) -> anyhow::Result<i32> {
 }
 
 async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json::Value> {
-    let timeline = Arc::new(Timeline { start: Instant::now(), live, events: Mutex::new(Vec::new()) });
+    let timeline = Arc::new(Timeline {
+        start: Instant::now(),
+        live,
+        events: Mutex::new(Vec::new()),
+    });
     let coordinator = start_coordinator(&dir.join("coordinator")).await?;
-    timeline.note(format!("coordinator up at {} (state in {})", coordinator.url, dir.display()));
+    timeline.note(format!(
+        "coordinator up at {} (state in {})",
+        coordinator.url,
+        dir.display()
+    ));
     let client = Client::new(&coordinator.url)?;
     let agent = start_agent(&coordinator.url, node, &dir.join("agent")).await?;
-    timeline.note(format!("agent {node} up with 4 fake GPUs; starting the vLLM stand-in"));
-    let watcher = tokio::spawn(watch(timeline.clone(), client.clone(), agent.shared.clone()));
+    timeline.note(format!(
+        "agent {node} up with 4 fake GPUs; starting the vLLM stand-in"
+    ));
+    let watcher = tokio::spawn(watch(
+        timeline.clone(),
+        client.clone(),
+        agent.handle.shared.clone(),
+    ));
 
     let gw_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let gw_url = format!("http://{}", gw_listener.local_addr()?);
@@ -107,9 +124,14 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
     .await;
 
     let shared = agent.handle.shared.clone();
-    wait("the replica to serve", || shared.observed().replica == ReplicaState::Serving).await?;
+    wait("the replica to serve", || {
+        shared.observed().replica == ReplicaState::Serving
+    })
+    .await?;
     let load = LoadGen::start(&gw_url, LIGHT_RATE, RequestShape::default());
-    timeline.note(format!("evening: light load, {LIGHT_RATE} requests/s through the gateway"));
+    timeline.note(format!(
+        "evening: light load, {LIGHT_RATE} requests/s through the gateway"
+    ));
     tokio::time::sleep(Duration::from_secs(4)).await;
 
     let job = client.submit(&trainer()).await?;
@@ -122,22 +144,40 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
     timeline.note("night: the load stops");
 
     wait_job(&client, job.id, |s| s == JobState::Running).await?;
-    let checkpoints = dir.join("agent").join("jobs").join(job.id.to_string()).join("checkpoint");
-    wait("the job's first checkpoint", || has_checkpoint(&checkpoints)).await?;
+    let checkpoints = dir
+        .join("agent")
+        .join("jobs")
+        .join(job.id.to_string())
+        .join("checkpoint");
+    wait("the job's first checkpoint", || {
+        has_checkpoint(&checkpoints)
+    })
+    .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let surge_at = Instant::now();
     load.set_rate(SURGE_RATE);
-    timeline.note(format!("morning surge: {SURGE_RATE} requests/s; the gateway holds them while no replica is ready"));
-    wait("the replica to serve again", || shared.observed().replica == ReplicaState::Serving).await?;
+    timeline.note(format!(
+        "morning surge: {SURGE_RATE} requests/s; the gateway holds them while no replica is ready"
+    ));
+    wait("the replica to serve again", || {
+        shared.observed().replica == ReplicaState::Serving
+    })
+    .await?;
     let serving_again = surge_at.elapsed();
-    timeline.note(format!("serving again {:.1}s after the surge began", serving_again.as_secs_f64()));
+    timeline.note(format!(
+        "serving again {:.1}s after the surge began",
+        serving_again.as_secs_f64()
+    ));
     tokio::time::sleep(Duration::from_secs(6)).await;
 
     load.set_rate(0.0);
     timeline.note("the surge is over: load falls to zero");
     let done = wait_job(&client, job.id, JobState::is_finished).await?;
-    wait("the replica to serve after the job", || shared.observed().replica == ReplicaState::Serving).await?;
+    wait("the replica to serve after the job", || {
+        shared.observed().replica == ReplicaState::Serving
+    })
+    .await?;
     timeline.note("the node serves again");
 
     let stats = load.finish(Duration::from_secs(60)).await;
@@ -147,9 +187,20 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
     let phases = shared.phases();
     agent.handle.stop();
 
-    let resumed_from: u64 = done.outputs.get("resumed_from_step").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let final_step: u64 = done.outputs.get("final_step").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let ok = done.state == JobState::Succeeded && done.attempt >= 2 && resumed_from > 0 && stats.errors == 0;
+    let resumed_from: u64 = done
+        .outputs
+        .get("resumed_from_step")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let final_step: u64 = done
+        .outputs
+        .get("final_step")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let ok = done.state == JobState::Succeeded
+        && done.attempt >= 2
+        && resumed_from > 0
+        && stats.errors == 0;
     Ok(json!({
         "ok": ok,
         "timeline": timeline.to_json(),
@@ -201,7 +252,13 @@ fn phase_summary(phases: &[PhaseRecord], serving_again: Duration) -> serde_json:
     };
     let drain = first_run(
         SequenceKind::Drain,
-        &["mark_not_ready", "wait_in_flight", "stop_replica", "confirm_free", "start_jobs"],
+        &[
+            "mark_not_ready",
+            "wait_in_flight",
+            "stop_replica",
+            "confirm_free",
+            "start_jobs",
+        ],
     );
     let reclaim = first_run(SequenceKind::Reclaim, &["stop_jobs", "confirm_free"]);
     json!({
@@ -213,18 +270,33 @@ fn phase_summary(phases: &[PhaseRecord], serving_again: Duration) -> serde_json:
 
 fn print_summary(r: &serde_json::Value) {
     println!();
-    println!("phases:   drain {}s, reclaim {}s, serving ready {}s after the surge",
-        r["phases"]["drain_s"], r["phases"]["reclaim_s"], r["phases"]["serving_ready_s"]);
-    println!("job:      {} after {} attempts, resumed from step {}",
-        r["job"]["state"].as_str().unwrap_or("?"), r["job"]["attempts"], r["job"]["resumed_from_step"]);
-    println!("load:     {} requests, {} errors, p50 {} ms, p99 {} ms",
-        r["load"]["requests"], r["load"]["errors"], r["load"]["latency_ms_p50"], r["load"]["latency_ms_p99"]);
+    println!(
+        "phases:   drain {}s, reclaim {}s, serving ready {}s after the surge",
+        r["phases"]["drain_s"], r["phases"]["reclaim_s"], r["phases"]["serving_ready_s"]
+    );
+    println!(
+        "job:      {} after {} attempts, resumed from step {}",
+        r["job"]["state"].as_str().unwrap_or("?"),
+        r["job"]["attempts"],
+        r["job"]["resumed_from_step"]
+    );
+    let ms = |v: &serde_json::Value| v.as_f64().map_or("?".to_owned(), |v| format!("{v:.0}"));
+    println!(
+        "load:     {} requests, {} errors, latency p50 {} ms, p99 {} ms (held through the reclaim)",
+        r["load"]["requests"],
+        r["load"]["errors"],
+        ms(&r["load"]["latency_ms_p50"]),
+        ms(&r["load"]["latency_ms_p99"])
+    );
     let ok = r["ok"].as_bool().unwrap_or(false);
     println!("result:   {}", if ok { "ok" } else { "FAILED" });
 }
 
 fn trainer() -> JobSpec {
-    let env = |k: &str, v: u64| EnvVar { name: k.into(), value: v.to_string() };
+    let env = |k: &str, v: u64| EnvVar {
+        name: k.into(),
+        value: v.to_string(),
+    };
     JobSpec {
         name: "toy-trainer".into(),
         image: TRAINER_IMAGE.into(),
@@ -238,13 +310,18 @@ fn trainer() -> JobSpec {
         gpus: 4,
         priority: 0,
         owner: Some("demo".into()),
-        checkpoint: CheckpointPolicy { signal: "SIGTERM".into(), grace_period_seconds: 20 },
+        checkpoint: CheckpointPolicy {
+            signal: "SIGTERM".into(),
+            grace_period_seconds: 20,
+        },
     }
 }
 
 fn has_checkpoint(dir: &Path) -> bool {
-    std::fs::read_dir(dir)
-        .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".ckpt")))
+    std::fs::read_dir(dir).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+    })
 }
 
 async fn wait(what: &str, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
@@ -270,14 +347,21 @@ async fn wait_job(
             return Ok(job);
         }
         if started.elapsed() > STEP_TIMEOUT {
-            bail!("timed out after {STEP_TIMEOUT:?}: job {id} is {}", job.state.as_str());
+            bail!(
+                "timed out after {STEP_TIMEOUT:?}: job {id} is {}",
+                job.state.as_str()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 /// Notes every change of the replica, the job states and each finished phase.
-async fn watch(timeline: Arc<Timeline>, client: Client, shared: Arc<nightshift_agent::state::Shared>) {
+async fn watch(
+    timeline: Arc<Timeline>,
+    client: Client,
+    shared: Arc<nightshift_agent::state::Shared>,
+) {
     let mut replica = None;
     let mut jobs = std::collections::BTreeMap::new();
     let mut last_seq = 0;
@@ -287,19 +371,37 @@ async fn watch(timeline: Arc<Timeline>, client: Client, shared: Arc<nightshift_a
             timeline.note(format!("replica {}", r.as_str()));
             replica = Some(r);
         }
-        for p in shared.phases().into_iter().filter(|p| p.seq > last_seq) {
+        let fresh: Vec<PhaseRecord> = shared
+            .phases()
+            .into_iter()
+            .filter(|p| p.seq > last_seq)
+            .collect();
+        for p in fresh {
             last_seq = p.seq;
             let seq = match p.sequence {
                 SequenceKind::Drain => "drain",
                 SequenceKind::Reclaim => "reclaim",
             };
-            timeline.note(format!("  {seq}: {} {:.2}s", p.phase, p.duration_ms as f64 / 1000.0));
+            timeline.note(format!(
+                "  {seq}: {} {:.2}s",
+                p.phase,
+                p.duration_ms as f64 / 1000.0
+            ));
         }
         if let Ok(list) = client.jobs().await {
             for j in list.jobs {
                 if jobs.insert(j.id, (j.state, j.attempt)) != Some((j.state, j.attempt)) {
-                    let detail = j.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
-                    timeline.note(format!("job {} {} (attempt {}){detail}", j.id, j.state.as_str(), j.attempt));
+                    let detail = j
+                        .message
+                        .as_deref()
+                        .map(|m| format!(" ({m})"))
+                        .unwrap_or_default();
+                    timeline.note(format!(
+                        "job {} {} (attempt {}){detail}",
+                        j.id,
+                        j.state.as_str(),
+                        j.attempt
+                    ));
                 }
             }
         }
@@ -323,8 +425,15 @@ async fn start_coordinator(data_dir: &Path) -> anyhow::Result<DemoCoordinator> {
             min_replicas: 0,
             cooldown_s: 2.0,
             gateway_signal_ttl_s: 1.0,
-            scale_down: ScaleDownConfig { max_waiting: 0.0, max_running_per_replica: 4.0, window_s: 2.0 },
-            scale_up: ScaleUpConfig { waiting_per_replica: 2.0, running_per_replica: 8.0 },
+            scale_down: ScaleDownConfig {
+                max_waiting: 0.0,
+                max_running_per_replica: 4.0,
+                window_s: 2.0,
+            },
+            scale_up: ScaleUpConfig {
+                waiting_per_replica: 2.0,
+                running_per_replica: 8.0,
+            },
         }],
     };
     cfg.validate()?;
@@ -372,7 +481,13 @@ async fn start_agent(coordinator: &str, node: &str, work_dir: &Path) -> anyhow::
     let serving = HttpServing::new()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let status_url = format!("http://{}/status", listener.local_addr()?);
-    let handle = nightshift_agent::agent::start(cfg, engine, FakeGpus::new(node, 4), serving, Some(listener))?;
+    let handle = nightshift_agent::agent::start(
+        cfg,
+        engine,
+        FakeGpus::new(node, 4),
+        serving,
+        Some(listener),
+    )?;
     Ok(DemoAgent { handle, status_url })
 }
 
@@ -398,8 +513,14 @@ async fn ensure_images() -> anyhow::Result<()> {
             script.display()
         );
     }
-    eprintln!("building the stand-in images (first run only) with {}", script.display());
-    let status = tokio::process::Command::new("bash").arg(&script).status().await?;
+    eprintln!(
+        "building the stand-in images (first run only) with {}",
+        script.display()
+    );
+    let status = tokio::process::Command::new("bash")
+        .arg(&script)
+        .status()
+        .await?;
     if !status.success() {
         bail!("{} failed ({status})", script.display());
     }
@@ -408,8 +529,11 @@ async fn ensure_images() -> anyhow::Result<()> {
 
 /// Removes every container the demo's agent started.
 async fn remove_containers(node: &str) {
-    let Ok(engine) = DockerEngine::connect().await else { return };
-    let filter = std::collections::BTreeMap::from([(labels::MANAGED_BY.to_owned(), node.to_owned())]);
+    let Ok(engine) = DockerEngine::connect().await else {
+        return;
+    };
+    let filter =
+        std::collections::BTreeMap::from([(labels::MANAGED_BY.to_owned(), node.to_owned())]);
     for c in engine.list(&filter).await.unwrap_or_default() {
         if let Err(e) = engine.remove(&c.id).await {
             eprintln!("warning: could not remove container {}: {e}", c.name);

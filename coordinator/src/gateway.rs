@@ -330,12 +330,18 @@ async fn report_waiting(client: reqwest::Client, cfg: GatewayConfig, inner: Arc<
         }
         match send_report(&client, &url, waiting).await {
             Ok(()) => last_reported = waiting,
-            Err(e) => tracing::debug!(error = %e, %url, waiting, "reporting to the coordinator failed"),
+            Err(e) => {
+                tracing::debug!(error = %e, %url, waiting, "reporting to the coordinator failed")
+            }
         }
     }
 }
 
-async fn send_report(client: &reqwest::Client, url: &str, waiting: u64) -> Result<(), reqwest::Error> {
+async fn send_report(
+    client: &reqwest::Client,
+    url: &str,
+    waiting: u64,
+) -> Result<(), reqwest::Error> {
     client
         .post(url)
         .timeout(CONTROL_TIMEOUT)
@@ -466,7 +472,11 @@ async fn wait_ready(
 
 /// After a refused forward the readiness may still say "ready" until the next poll: wait one
 /// poll period (counted as held) before looking again.
-async fn back_off(inner: &Inner, deadline: Instant, was_held: &mut bool) -> Result<(), GatewayError> {
+async fn back_off(
+    inner: &Inner,
+    deadline: Instant,
+    was_held: &mut bool,
+) -> Result<(), GatewayError> {
     let _held = hold(inner, was_held);
     let until = (Instant::now() + inner.poll).min(deadline);
     tokio::time::sleep_until(until).await;
@@ -484,7 +494,11 @@ fn hold<'a>(inner: &'a Inner, was_held: &mut bool) -> HeldGuard<'a> {
     HeldGuard::new(&inner.counters)
 }
 
-async fn send(inner: &Inner, target: &str, req: &Outgoing) -> Result<reqwest::Response, reqwest::Error> {
+async fn send(
+    inner: &Inner,
+    target: &str,
+    req: &Outgoing,
+) -> Result<reqwest::Response, reqwest::Error> {
     let url = format!("{}{}", target.trim_end_matches('/'), req.path);
     inner
         .client
@@ -572,11 +586,14 @@ mod tests {
         let s = seen.clone();
         let app = Router::new().route(
             "/v1/services/{service}/gateway",
-            post(move |axum::extract::Path(svc): axum::extract::Path<String>, Json(sig): Json<GatewaySignals>| {
-                assert_eq!(svc, "chat");
-                s.lock().unwrap().push(sig.waiting);
-                async { StatusCode::NO_CONTENT }
-            }),
+            post(
+                move |axum::extract::Path(svc): axum::extract::Path<String>,
+                      Json(sig): Json<GatewaySignals>| {
+                    assert_eq!(svc, "chat");
+                    s.lock().unwrap().push(sig.waiting);
+                    async { StatusCode::NO_CONTENT }
+                },
+            ),
         );
         let (l, url) = bind().await;
         spawn_app(l, app).await;
@@ -628,7 +645,10 @@ mod tests {
     async fn forwards_when_ready_and_passes_answers_back_as_is() {
         let (agent, agent_url) = fake_agent().await;
         let (seen, coord_url) = fake_coordinator().await;
-        agent.set(true, Some(fake_replica(StatusCode::INTERNAL_SERVER_ERROR).await));
+        agent.set(
+            true,
+            Some(fake_replica(StatusCode::INTERNAL_SERVER_ERROR).await),
+        );
         let (gw, url) = gateway(agent_url, coord_url, Duration::from_secs(5)).await;
         eventually("readiness", || gw.inner.ready.borrow().target().is_some()).await;
         let resp = complete(&url).await;
@@ -637,8 +657,19 @@ mod tests {
         let body: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(body["echo"], r#"{"model":"m","prompt":"hi"}"#);
         let stats = gw.stats();
-        assert_eq!((stats.forwarded, stats.held_total, stats.retried, stats.failed), (1, 0, 0, 0));
-        assert!(seen.lock().unwrap().is_empty(), "nothing held, nothing reported");
+        assert_eq!(
+            (
+                stats.forwarded,
+                stats.held_total,
+                stats.retried,
+                stats.failed
+            ),
+            (1, 0, 0, 0)
+        );
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "nothing held, nothing reported"
+        );
         gw.stop();
     }
 
@@ -654,7 +685,10 @@ mod tests {
             })
             .collect();
         eventually("3 held", || gw.held() == 3).await;
-        eventually("a waiting report", || seen.lock().unwrap().iter().any(|&w| w > 0)).await;
+        eventually("a waiting report", || {
+            seen.lock().unwrap().iter().any(|&w| w > 0)
+        })
+        .await;
         agent.set(true, Some(fake_replica(StatusCode::OK).await));
         for c in clients {
             assert_eq!(c.await.unwrap().status(), StatusCode::OK);
@@ -662,7 +696,10 @@ mod tests {
         eventually("a report of 0", || seen.lock().unwrap().last() == Some(&0)).await;
         assert_eq!(gw.held(), 0);
         let stats = gw.stats();
-        assert_eq!((stats.forwarded, stats.held_total, stats.max_held), (3, 3, 3));
+        assert_eq!(
+            (stats.forwarded, stats.held_total, stats.max_held),
+            (3, 3, 3)
+        );
         assert_eq!(stats.failed, 0);
         // Only one report of 0 while nothing is held.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -696,6 +733,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn retries_a_forward_the_replica_closes_without_an_answer() {
+        let (agent, agent_url) = fake_agent().await;
+        let (_seen, coord_url) = fake_coordinator().await;
+        // The replica reads the first request and closes the connection (it was stopping),
+        // then serves.
+        let (l, replica_url) = bind().await;
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let (mut conn, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf).await;
+            drop(conn);
+            axum::serve(l, replica_app(StatusCode::OK)).await.unwrap();
+        });
+        agent.set(true, Some(replica_url));
+        let (gw, url) = gateway(agent_url, coord_url, Duration::from_secs(10)).await;
+        eventually("readiness", || gw.inner.ready.borrow().target().is_some()).await;
+        assert_eq!(complete(&url).await.status(), StatusCode::OK);
+        let stats = gw.stats();
+        assert_eq!((stats.forwarded, stats.retried, stats.failed), (1, 1, 0));
+        gw.stop();
+    }
+
+    #[tokio::test]
     async fn answers_503_after_the_hold_timeout() {
         let (_agent, agent_url) = fake_agent().await;
         let (_seen, coord_url) = fake_coordinator().await;
@@ -705,7 +766,11 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(started.elapsed() >= Duration::from_millis(300));
         let body: ApiError = resp.json().await.unwrap();
-        assert!(body.error.contains("no replica became ready"), "{}", body.error);
+        assert!(
+            body.error.contains("no replica became ready"),
+            "{}",
+            body.error
+        );
         let stats = gw.stats();
         assert_eq!((stats.failed, stats.held_total, stats.forwarded), (1, 1, 0));
         assert_eq!(gw.held(), 0);

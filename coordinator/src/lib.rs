@@ -5,6 +5,8 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod demo;
+pub mod gateway;
 pub mod http;
+pub mod loadgen;
 pub mod server;
 pub mod store;
