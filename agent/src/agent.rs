@@ -72,6 +72,7 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         node: node.clone(),
         gpus: gpus.inventory()?,
         service: cfg.service.clone(),
+        address: (!cfg.address.is_empty()).then(|| cfg.address.clone()),
         readiness_url,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
     };

@@ -17,6 +17,11 @@ pub struct AgentConfig {
     pub node: String,
     /// The service whose replica this node hosts.
     pub service: String,
+    /// The address other nodes reach this one at, for gang rendezvous; the node name when
+    /// empty.
+    pub address: String,
+    /// Where a gang's rank-0 container publishes its rendezvous port on this host.
+    pub rendezvous_bind_ip: String,
     /// Per-job checkpoint and output directories live under `work_dir/jobs/ID/`.
     pub work_dir: PathBuf,
     /// Where the load balancer's health check (`GET /ready`) answers.
@@ -73,6 +78,8 @@ impl Default for AgentConfig {
             coordinator: "http://127.0.0.1:7400".into(),
             node: String::new(),
             service: "default".into(),
+            address: String::new(),
+            rendezvous_bind_ip: "0.0.0.0".into(),
             work_dir: PathBuf::from("/var/lib/nightshift/agent"),
             readiness_listen: SocketAddr::from(([0, 0, 0, 0], 7401)),
             readiness_grace_s: 5.0,

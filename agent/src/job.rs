@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use nightshift_common::labels::{self, env};
 use nightshift_common::{LeaseGrant, labels::CHECKPOINT_MOUNT, labels::OUTPUT_MOUNT};
 
-use crate::engine::{ContainerSpec, GpuAccess};
+use crate::engine::{ContainerSpec, GpuAccess, PortPublish};
 
 /// Output parameter files read back after a job ends: at most this many ...
 const MAX_OUTPUTS: usize = 32;
@@ -42,6 +42,18 @@ impl JobDirs {
         Ok(())
     }
 
+    /// When the job last wrote to its checkpoint directory: the newest modification time of
+    /// anything in it, in Unix milliseconds.
+    pub fn last_checkpoint(&self) -> Option<u64> {
+        std::fs::read_dir(&self.checkpoint)
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.metadata().ok()?.modified().ok())
+            .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+            .max()
+    }
+
     /// Whether an earlier attempt left anything to resume from.
     pub fn has_checkpoint(&self) -> bool {
         std::fs::read_dir(&self.checkpoint).is_ok_and(|mut d| d.next().is_some())
@@ -58,6 +70,7 @@ pub fn container_spec(
     lease: &LeaseGrant,
     dirs: &JobDirs,
     gpus: GpuAccess,
+    bind_ip: &str,
 ) -> ContainerSpec {
     let job = &lease.job;
     let gpu_list = lease
@@ -85,6 +98,27 @@ pub fn container_spec(
         (env::LEASE_ID.to_owned(), lease.lease_id.to_string()),
         (env::GPUS.to_owned(), gpu_list.clone()),
     ]);
+    let mut publish = None;
+    if let Some(r) = &lease.rendezvous {
+        env_vars.extend([
+            ("MASTER_ADDR".to_owned(), r.master_addr.clone()),
+            ("MASTER_PORT".to_owned(), r.master_port.to_string()),
+            ("NNODES".to_owned(), r.nnodes.to_string()),
+            ("NODE_RANK".to_owned(), r.node_rank.to_string()),
+            ("NPROC_PER_NODE".to_owned(), r.nproc_per_node.to_string()),
+            (
+                "WORLD_SIZE".to_owned(),
+                (r.nnodes * r.nproc_per_node).to_string(),
+            ),
+        ]);
+        if r.node_rank == 0 {
+            publish = Some(PortPublish {
+                container_port: r.master_port,
+                host_ip: bind_ip.to_owned(),
+                host_port: r.master_port,
+            });
+        }
+    }
     let labels = BTreeMap::from([
         (labels::MANAGED_BY.to_owned(), node.to_owned()),
         (labels::ROLE.to_owned(), labels::ROLE_JOB.to_owned()),
@@ -113,7 +147,7 @@ pub fn container_spec(
             ),
             (dirs.outputs.display().to_string(), OUTPUT_MOUNT.to_owned()),
         ],
-        publish: None,
+        publish,
         stop_signal: Some(job.checkpoint.signal.clone()),
     }
 }
@@ -164,13 +198,16 @@ mod tests {
                     value: "0.1".into(),
                 }],
                 gpus: 2,
+                nodes: 1,
                 priority: 0,
                 owner: None,
                 checkpoint: CheckpointPolicy {
                     signal: "SIGUSR1".into(),
                     grace_period_seconds: 7,
                 },
+                retry: Default::default(),
             },
+            rendezvous: None,
         }
     }
 
@@ -185,6 +222,7 @@ mod tests {
             GpuAccess::VisibleDevicesEnv {
                 indices: vec![1, 2],
             },
+            "0.0.0.0",
         );
         let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
         assert_eq!(env["LR"], "0.1");
@@ -197,6 +235,44 @@ mod tests {
         assert_eq!(spec.stop_signal.as_deref(), Some("SIGUSR1"));
         assert_eq!(spec.name, "nightshift-job-n1-3-9");
         assert!(spec.binds[0].0.ends_with("jobs/3/checkpoint"));
+    }
+
+    #[test]
+    fn a_gang_member_gets_the_rendezvous_and_rank_zero_publishes_the_port() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = JobDirs::new(dir.path(), 3);
+        let mut l = lease();
+        l.rendezvous = Some(nightshift_common::Rendezvous {
+            master_addr: "10.0.0.1".into(),
+            master_port: 29503,
+            nnodes: 2,
+            node_rank: 0,
+            nproc_per_node: 2,
+        });
+        let spec = container_spec("n1", &l, &dirs, GpuAccess::None, "127.0.0.1");
+        let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
+        assert_eq!(
+            (
+                env["MASTER_ADDR"].as_str(),
+                env["MASTER_PORT"].as_str(),
+                env["WORLD_SIZE"].as_str()
+            ),
+            ("10.0.0.1", "29503", "4")
+        );
+        assert_eq!(
+            (env["NNODES"].as_str(), env["NODE_RANK"].as_str()),
+            ("2", "0")
+        );
+        assert_eq!(
+            spec.publish.map(|p| (p.host_ip, p.host_port)),
+            Some(("127.0.0.1".into(), 29503))
+        );
+        l.rendezvous.as_mut().unwrap().node_rank = 1;
+        assert!(
+            container_spec("n2", &l, &dirs, GpuAccess::None, "127.0.0.1")
+                .publish
+                .is_none()
+        );
     }
 
     #[test]

@@ -260,8 +260,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 path: self.cfg.work_dir.display().to_string(),
                 source,
             })?;
-            let spec =
-                job::container_spec(self.node(), lease, &dirs, self.gpus.access(&lease.gpus));
+            let spec = job::container_spec(
+                self.node(),
+                lease,
+                &dirs,
+                self.gpus.access(&lease.gpus),
+                &self.cfg.rendezvous_bind_ip,
+            );
             for g in &lease.gpus {
                 self.fenced.insert(*g, lease.epoch);
             }
@@ -346,6 +351,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let outputs = container
                 .map(|c| self.outputs_of(c, lease.job_id))
                 .unwrap_or_default();
+            let last_checkpoint_at =
+                JobDirs::new(&self.cfg.work_dir, lease.job_id).last_checkpoint();
             runs.push(JobRun {
                 job_id: lease.job_id,
                 attempt: lease.attempt,
@@ -353,6 +360,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 epoch: lease.epoch,
                 gpus: lease.gpus.clone(),
                 state,
+                last_checkpoint_at,
                 outputs,
             });
         }
@@ -371,6 +379,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 epoch: label_u64(c, labels::EPOCH).unwrap_or(0),
                 gpus: gpus_of(c),
                 state: self.run_state(c),
+                last_checkpoint_at: None,
                 outputs: BTreeMap::new(),
             });
         }

@@ -28,6 +28,9 @@ pub struct RegisterRequest {
     pub gpus: Vec<GpuInfo>,
     /// The service whose replica this node hosts.
     pub service: String,
+    /// The address other nodes reach this one at (gang rendezvous); the node name when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// Where the load balancer's health check for this node's replica answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness_url: Option<String>,
@@ -120,6 +123,9 @@ pub struct JobRun {
     pub epoch: u64,
     pub gpus: Vec<u32>,
     pub state: JobRunState,
+    /// When the job last wrote to its checkpoint directory (the newest file's mtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_at: Option<UnixMillis>,
     /// Output parameters the job wrote to its output directory, read after it exited.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, String>,
@@ -170,6 +176,25 @@ pub struct LeaseGrant {
     pub attempt: u32,
     pub gpus: Vec<u32>,
     pub job: JobSpec,
+    /// For a gang job: where its members meet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous: Option<Rendezvous>,
+}
+
+/// The rendezvous of a gang job, as torchrun's environment variables.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rendezvous {
+    /// `MASTER_ADDR`: the address of the rank-0 node.
+    pub master_addr: String,
+    /// `MASTER_PORT`.
+    pub master_port: u16,
+    /// `NNODES`.
+    pub nnodes: u32,
+    /// `NODE_RANK`.
+    pub node_rank: u32,
+    /// `NPROC_PER_NODE`: one process per GPU.
+    pub nproc_per_node: u32,
 }
 
 /// One timed phase of a drain or reclaim sequence on a node.

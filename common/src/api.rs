@@ -17,6 +17,8 @@ pub enum JobState {
     Preempting,
     /// Cancelled while it had a lease; waiting for the container to stop.
     Cancelling,
+    /// A member of a gang failed; the others are being stopped before a retry or failure.
+    Failing,
     Succeeded,
     Failed,
     Cancelled,
@@ -30,6 +32,7 @@ impl JobState {
             Self::Running => "running",
             Self::Preempting => "preempting",
             Self::Cancelling => "cancelling",
+            Self::Failing => "failing",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -48,16 +51,26 @@ pub struct JobView {
     pub id: u64,
     pub spec: JobSpec,
     pub state: JobState,
-    /// 1 for the first run; raised each time the job is requeued after preemption.
+    /// 1 for the first run; raised each time the job is requeued (preempted or retried).
     pub attempt: u32,
     pub preemptions: u32,
+    /// Failures so far, counted against `retry.limit`; preemptions never count.
+    #[serde(default)]
+    pub failures: u32,
+    /// A job retried after a failure waits until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<UnixMillis>,
+    /// When its container last wrote to its checkpoint directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_at: Option<UnixMillis>,
     pub submitted_at: UnixMillis,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<UnixMillis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<UnixMillis>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<LeaseView>,
+    /// One lease per node it runs on (one for a single-node job), in rank order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<LeaseView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -72,6 +85,9 @@ pub struct JobView {
 pub struct LeaseView {
     pub lease_id: u64,
     pub epoch: u64,
+    /// Its node's rank in a gang (0 for a single-node job).
+    #[serde(default)]
+    pub rank: u32,
     pub node: String,
     pub gpus: Vec<u32>,
     pub granted_at: UnixMillis,

@@ -22,8 +22,12 @@ pub struct JobSpec {
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
-    /// GPUs on one node, all given to the container and numbered from 0 inside it.
+    /// GPUs on each node, all given to the container and numbered from 0 inside it.
     pub gpus: u32,
+    /// Nodes of a gang job, placed all or nothing, each with `gpus` GPUs and the rendezvous
+    /// variables torchrun expects. 1 for a single-node job.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub nodes: u32,
     /// Higher runs first. Within a priority, first submitted runs first.
     #[serde(default)]
     pub priority: i32,
@@ -32,7 +36,77 @@ pub struct JobSpec {
     pub owner: Option<String>,
     #[serde(default)]
     pub checkpoint: CheckpointPolicy,
+    /// How often a failed job is run again. Preemptions never count against it.
+    #[serde(default, skip_serializing_if = "RetryPolicy::is_default")]
+    pub retry: RetryPolicy,
 }
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
+/// Retries after a failure (a non-zero exit, a container that cannot start), with
+/// exponential backoff: `backoffSeconds × backoffFactor^(failures-1)`, at most
+/// `maxBackoffSeconds`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Retries after the first failure; 0 never retries.
+    #[serde(default)]
+    pub limit: u32,
+    #[serde(default = "default_backoff")]
+    pub backoff_seconds: u32,
+    #[serde(default = "default_factor")]
+    pub backoff_factor: u32,
+    #[serde(default = "default_max_backoff")]
+    pub max_backoff_seconds: u32,
+}
+
+fn default_backoff() -> u32 {
+    10
+}
+
+fn default_factor() -> u32 {
+    2
+}
+
+fn default_max_backoff() -> u32 {
+    3600
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            limit: 0,
+            backoff_seconds: default_backoff(),
+            backoff_factor: default_factor(),
+            max_backoff_seconds: default_max_backoff(),
+        }
+    }
+}
+
+impl RetryPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The wait before the retry that follows failure number `failures` (1-based).
+    pub fn backoff_ms(&self, failures: u32) -> u64 {
+        let factor = u64::from(self.backoff_factor.max(1));
+        let exp = factor.saturating_pow(failures.saturating_sub(1));
+        let secs = u64::from(self.backoff_seconds).saturating_mul(exp);
+        secs.min(u64::from(self.max_backoff_seconds)) * 1000
+    }
+}
+
+/// Most nodes a gang job may span.
+pub const MAX_NODES: u32 = 256;
+/// Most retries a job may ask for.
+pub const MAX_RETRIES: u32 = 100;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -97,6 +171,23 @@ impl SpecError {
 }
 
 impl JobSpec {
+    /// A single-node job with every optional field at its default.
+    pub fn new(name: impl Into<String>, image: impl Into<String>, gpus: u32) -> Self {
+        Self {
+            name: name.into(),
+            image: image.into(),
+            command: Vec::new(),
+            args: Vec::new(),
+            env: Vec::new(),
+            gpus,
+            nodes: 1,
+            priority: 0,
+            owner: None,
+            checkpoint: CheckpointPolicy::default(),
+            retry: RetryPolicy::default(),
+        }
+    }
+
     /// Checks every rule that needs no knowledge of the cluster.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.name.trim().is_empty() {
@@ -113,6 +204,21 @@ impl JobSpec {
         }
         if self.gpus == 0 {
             return Err(SpecError::new("gpus", "must be at least 1"));
+        }
+        if self.nodes == 0 || self.nodes > MAX_NODES {
+            return Err(SpecError::new(
+                "nodes",
+                format!("must be between 1 and {MAX_NODES}"),
+            ));
+        }
+        if self.retry.limit > MAX_RETRIES {
+            return Err(SpecError::new(
+                "retry.limit",
+                format!("must be at most {MAX_RETRIES}"),
+            ));
+        }
+        if self.retry.backoff_factor == 0 {
+            return Err(SpecError::new("retry.backoffFactor", "must be at least 1"));
         }
         for (i, var) in self.env.iter().enumerate() {
             let valid = !var.name.is_empty()
@@ -173,9 +279,11 @@ mod tests {
             args: vec![],
             env: vec![],
             gpus: 2,
+            nodes: 1,
             priority: 0,
             owner: None,
             checkpoint: CheckpointPolicy::default(),
+            retry: RetryPolicy::default(),
         }
     }
 
@@ -228,6 +336,27 @@ mod tests {
             .unwrap_err();
         assert!(err.rule.contains("imagePullPolicy"), "{err}");
         assert!(err.rule.contains("line 4"), "{err}");
+    }
+
+    #[test]
+    fn retry_backoff_grows_and_is_capped() {
+        let r = RetryPolicy {
+            limit: 5,
+            backoff_seconds: 10,
+            backoff_factor: 3,
+            max_backoff_seconds: 60,
+        };
+        assert_eq!(
+            [r.backoff_ms(1), r.backoff_ms(2), r.backoff_ms(3)],
+            [10_000, 30_000, 60_000]
+        );
+    }
+
+    #[test]
+    fn a_gang_of_zero_nodes_is_refused() {
+        let mut s = spec();
+        s.nodes = 0;
+        assert_eq!(s.validate().unwrap_err().field, "nodes");
     }
 
     #[test]

@@ -356,10 +356,20 @@ pub fn render_jobs(jobs: &[JobView], now: UnixMillis) -> String {
                 clean(&job.spec.name),
                 job.state.as_str().to_owned(),
                 job.attempt.to_string(),
-                job.spec.gpus.to_string(),
-                job.lease
-                    .as_ref()
-                    .map_or("-".to_owned(), |l| clean(&l.node)),
+                if job.spec.nodes > 1 {
+                    format!("{}x{}", job.spec.nodes, job.spec.gpus)
+                } else {
+                    job.spec.gpus.to_string()
+                },
+                if job.leases.is_empty() {
+                    "-".to_owned()
+                } else {
+                    job.leases
+                        .iter()
+                        .map(|l| clean(&l.node))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
                 format_duration(now.saturating_sub(job.submitted_at)),
                 run_time(job, now).map_or("-".to_owned(), format_duration),
             ]
@@ -423,10 +433,15 @@ pub fn render_job(job: &JobView, now: UnixMillis) -> String {
     if let Some(d) = run_time(job, now) {
         kv.push(("duration", format_duration(d)));
     }
-    if let Some(lease) = &job.lease {
+    for lease in &job.leases {
         let gpus: Vec<String> = lease.gpus.iter().map(u32::to_string).collect();
         let mut text = format!(
-            "node {}, gpus {}, epoch {}, lease {}, ",
+            "{}node {}, gpus {}, epoch {}, lease {}, ",
+            if job.spec.nodes > 1 {
+                format!("rank {}, ", lease.rank)
+            } else {
+                String::new()
+            },
             clean(&lease.node),
             gpus.join(","),
             lease.epoch,
@@ -446,6 +461,18 @@ pub fn render_job(job: &JobView, now: UnixMillis) -> String {
             ));
         }
         kv.push(("lease", text));
+    }
+    if job.failures > 0 {
+        kv.push((
+            "failures",
+            format!("{} of {} retries", job.failures, job.spec.retry.limit),
+        ));
+    }
+    if let Some(t) = job.not_before {
+        kv.push(("retry", format!("not before {}", format_relative(now, t))));
+    }
+    if let Some(t) = job.last_checkpoint_at {
+        kv.push(("checkpoint", format!("last {}", format_relative(now, t))));
     }
     if let Some(code) = job.exit_code {
         kv.push(("exit code", code.to_string()));
@@ -878,7 +905,7 @@ mod tests {
                 state: JobState::Succeeded,
                 finished_at: Some(T0 + 252_000),
                 exit_code: Some(0),
-                lease: None,
+                leases: Vec::new(),
                 ..fake::running(12, fake::spec("tab\there", 4))
             },
         ];

@@ -358,9 +358,11 @@ pub(crate) mod fake {
             args: vec![],
             env: vec![],
             gpus,
+            nodes: 1,
             priority: 0,
             owner: None,
             checkpoint: CheckpointPolicy::default(),
+            retry: Default::default(),
         }
     }
 
@@ -371,10 +373,13 @@ pub(crate) mod fake {
             state: JobState::Queued,
             attempt: 1,
             preemptions: 0,
+            failures: 0,
+            not_before: None,
+            last_checkpoint_at: None,
             submitted_at: T0,
             started_at: None,
             finished_at: None,
-            lease: None,
+            leases: Vec::new(),
             exit_code: None,
             outputs: BTreeMap::new(),
             message: None,
@@ -388,15 +393,16 @@ pub(crate) mod fake {
             attempt: 2,
             preemptions: 1,
             started_at: Some(T0 + 60_000),
-            lease: Some(LeaseView {
+            leases: vec![LeaseView {
                 lease_id: 14,
                 epoch: 7,
+                rank: 0,
                 node: "gpu-03".into(),
                 gpus,
                 granted_at: T0 + 50_000,
                 expires_at: T0 + 400_000,
                 revoked: false,
-            }),
+            }],
             ..queued(id, spec)
         }
     }
@@ -551,7 +557,7 @@ mod tests {
             (9, JobState::Queued, "sft")
         );
         assert_eq!(client.jobs().await.unwrap().jobs.len(), 2);
-        assert_eq!(client.job(7).await.unwrap().lease.unwrap().node, "gpu-03");
+        assert_eq!(client.job(7).await.unwrap().leases[0].node, "gpu-03");
         assert_eq!(client.cancel(7).await.unwrap().state, JobState::Cancelling);
         assert_eq!(client.nodes().await.unwrap().nodes[1].name, "gpu-03");
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 6);

@@ -84,6 +84,7 @@ impl Cluster {
         for effect in &effects {
             match effect {
                 Effect::JobChanged(id) => changes.jobs.extend(inner.core.job(*id)),
+                Effect::LeaseEnded(usage) => changes.usage.push(usage.clone()),
                 Effect::NodeChanged(name) => {
                     if let Some(n) = inner.core.node_snapshot(name) {
                         moved.push((name.clone(), n.desired_version));
@@ -124,6 +125,12 @@ impl Cluster {
             .unwrap_or_else(|p| p.into_inner())
             .get(node)
             .map(|tx| tx.subscribe())
+    }
+
+    /// Reads the store (accounting queries).
+    pub fn read_store<T>(&self, f: impl FnOnce(&Store, &Core, UnixMillis) -> T) -> T {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&inner.store, &inner.core, now_ms())
     }
 
     /// When the core next wants a tick.

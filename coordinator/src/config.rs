@@ -4,6 +4,7 @@
 //! (`__` separates nested keys). Unknown keys are refused, so a typo is an error that names
 //! the key instead of a default silently kept.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,30 @@ pub struct CoordinatorConfig {
     pub heartbeat_interval_ms: u64,
     pub lease_ttl_ms: u64,
     pub services: Vec<ServiceConfig>,
+    /// A job that has run less than this is taken back only when no other lent node will do.
+    pub preempt_exempt_s: f64,
+    /// Fair-share weights of teams (a job's `owner`); a team not listed weighs 1.
+    pub team_weights: BTreeMap<String, f64>,
+    /// First port of gang rendezvous (`MASTER_PORT` = base + job id % 1000).
+    pub rendezvous_port_base: u16,
+    pub accounting: AccountingConfig,
+}
+
+/// What a harvested GPU-hour is worth, for `nightshift report`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccountingConfig {
+    pub price_per_gpu_hour: f64,
+    pub currency: String,
+}
+
+impl Default for AccountingConfig {
+    fn default() -> Self {
+        Self {
+            price_per_gpu_hour: 2.0,
+            currency: "USD".to_owned(),
+        }
+    }
 }
 
 impl Default for CoordinatorConfig {
@@ -29,6 +54,10 @@ impl Default for CoordinatorConfig {
             heartbeat_interval_ms: core.heartbeat_interval_ms,
             lease_ttl_ms: core.lease_ttl_ms,
             services: vec![ServiceConfig::default()],
+            preempt_exempt_s: core.preempt_exempt_ms as f64 / 1000.0,
+            team_weights: BTreeMap::new(),
+            rendezvous_port_base: core.rendezvous_port_base,
+            accounting: AccountingConfig::default(),
         }
     }
 }
@@ -143,6 +172,24 @@ impl CoordinatorConfig {
                 "must be at least twice heartbeat_interval_ms",
             );
         }
+        if !(self.preempt_exempt_s.is_finite() && self.preempt_exempt_s >= 0.0) {
+            return invalid("preempt_exempt_s".into(), "must be a duration >= 0");
+        }
+        if let Some((team, _)) = self
+            .team_weights
+            .iter()
+            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
+        {
+            return invalid(format!("team_weights.{team}"), "must be a number > 0");
+        }
+        if !(self.accounting.price_per_gpu_hour.is_finite()
+            && self.accounting.price_per_gpu_hour >= 0.0)
+        {
+            return invalid(
+                "accounting.price_per_gpu_hour".into(),
+                "must be a number >= 0",
+            );
+        }
         if self.services.is_empty() {
             return invalid("services".into(), "at least one service is needed");
         }
@@ -216,6 +263,9 @@ impl CoordinatorConfig {
                     gateway_signal_ttl_ms: ms(s.gateway_signal_ttl_s),
                 })
                 .collect(),
+            preempt_exempt_ms: ms(self.preempt_exempt_s),
+            team_weights: self.team_weights.clone(),
+            rendezvous_port_base: self.rendezvous_port_base,
         }
     }
 }

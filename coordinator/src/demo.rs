@@ -308,12 +308,14 @@ fn trainer() -> JobSpec {
             env("TRAINER_CHECKPOINT_EVERY", CHECKPOINT_EVERY),
         ],
         gpus: 4,
+        nodes: 1,
         priority: 0,
         owner: Some("demo".into()),
         checkpoint: CheckpointPolicy {
             signal: "SIGTERM".into(),
             grace_period_seconds: 20,
         },
+        retry: Default::default(),
     }
 }
 
@@ -435,6 +437,7 @@ async fn start_coordinator(data_dir: &Path) -> anyhow::Result<DemoCoordinator> {
                 running_per_replica: 8.0,
             },
         }],
+        ..CoordinatorConfig::default()
     };
     cfg.validate()?;
     let cluster = crate::server::open(&cfg)?;

@@ -8,16 +8,33 @@
 use std::path::{Path, PathBuf};
 
 use nightshift_common::{GpuInfo, JobView, NodeMode, UnixMillis};
-use nightshift_core::{CoreSnapshot, NodeSnapshot};
+use nightshift_core::{CoreSnapshot, NodeSnapshot, Usage};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT;
     CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL, record TEXT NOT NULL) STRICT;
     CREATE TABLE nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL) STRICT;
-"];
+    ",
+    // Accounting: one row per ended lease.
+    "
+    CREATE TABLE usage (
+        lease_id INTEGER PRIMARY KEY,
+        job_id INTEGER NOT NULL,
+        team TEXT NOT NULL,
+        node TEXT NOT NULL,
+        gpus INTEGER NOT NULL,
+        started_at INTEGER NOT NULL,
+        ended_at INTEGER NOT NULL,
+        preempted INTEGER NOT NULL,
+        lost_gpu_ms INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX usage_ended ON usage (ended_at);
+    ",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -53,6 +70,8 @@ pub enum StoreError {
 struct StoredNode {
     name: String,
     service: String,
+    #[serde(default)]
+    address: String,
     gpus: Vec<GpuInfo>,
     mode: NodeMode,
     desired_version: u64,
@@ -69,6 +88,7 @@ pub struct Store {
 pub struct Changes {
     pub jobs: Vec<JobView>,
     pub nodes: Vec<NodeSnapshot>,
+    pub usage: Vec<Usage>,
     pub counters: Option<(u64, u64, u64)>,
 }
 
@@ -169,6 +189,11 @@ impl Store {
                     source,
                 })?;
             snapshot.nodes.push(NodeSnapshot {
+                address: if n.address.is_empty() {
+                    n.name.clone()
+                } else {
+                    n.address
+                },
                 name: n.name,
                 service: n.service,
                 gpus: n.gpus,
@@ -189,6 +214,33 @@ impl Store {
         snapshot.next_lease_id = counter("next_lease_id")?;
         snapshot.next_epoch = counter("next_epoch")?;
         Ok(snapshot)
+    }
+
+    /// Every ended lease that overlaps `[since, until)`.
+    pub fn usage(&self, since: UnixMillis, until: UnixMillis) -> Result<Vec<Usage>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT lease_id, job_id, team, node, gpus, started_at, ended_at, preempted, lost_gpu_ms
+                 FROM usage WHERE ended_at >= ?1 AND started_at < ?2 ORDER BY lease_id",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map(params![since as i64, until as i64], |r| {
+                Ok(Usage {
+                    lease_id: r.get::<_, i64>(0)? as u64,
+                    job_id: r.get::<_, i64>(1)? as u64,
+                    team: r.get(2)?,
+                    node: r.get(3)?,
+                    gpus: r.get(4)?,
+                    started_at: r.get::<_, i64>(5)? as u64,
+                    ended_at: r.get::<_, i64>(6)? as u64,
+                    preempted: r.get(7)?,
+                    lost_gpu_ms: r.get::<_, i64>(8)? as u64,
+                })
+            })
+            .map_err(|e| self.sql(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
     }
 
     /// Writes one batch of changes in a single transaction.
@@ -212,6 +264,7 @@ impl Store {
             let stored = StoredNode {
                 name: n.name.clone(),
                 service: n.service.clone(),
+                address: n.address.clone(),
                 gpus: n.gpus.clone(),
                 mode: n.mode,
                 desired_version: n.desired_version,
@@ -222,6 +275,25 @@ impl Store {
                 "INSERT INTO nodes (name, record) VALUES (?1, ?2)
                  ON CONFLICT(name) DO UPDATE SET record = excluded.record",
                 params![n.name, record],
+            )
+            .map_err(sql)?;
+        }
+        for u in &changes.usage {
+            tx.execute(
+                "INSERT OR REPLACE INTO usage
+                 (lease_id, job_id, team, node, gpus, started_at, ended_at, preempted, lost_gpu_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    u.lease_id as i64,
+                    u.job_id as i64,
+                    u.team,
+                    u.node,
+                    u.gpus,
+                    u.started_at as i64,
+                    u.ended_at as i64,
+                    u.preempted,
+                    u.lost_gpu_ms as i64
+                ],
             )
             .map_err(sql)?;
         }
@@ -246,30 +318,23 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nightshift_common::{CheckpointPolicy, JobSpec, JobState};
+    use nightshift_common::{JobSpec, JobState};
     use std::collections::BTreeMap;
 
     fn job(id: u64) -> JobView {
         JobView {
             id,
-            spec: JobSpec {
-                name: "t".into(),
-                image: "i".into(),
-                command: vec![],
-                args: vec![],
-                env: vec![],
-                gpus: 1,
-                priority: 0,
-                owner: None,
-                checkpoint: CheckpointPolicy::default(),
-            },
+            spec: JobSpec::new("t", "i", 1),
             state: JobState::Queued,
             attempt: 1,
             preemptions: 0,
+            failures: 0,
+            not_before: None,
+            last_checkpoint_at: None,
             submitted_at: 5,
             started_at: None,
             finished_at: None,
-            lease: None,
+            leases: Vec::new(),
             exit_code: None,
             outputs: BTreeMap::new(),
             message: None,

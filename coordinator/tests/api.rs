@@ -84,6 +84,7 @@ impl Server {
                 })
                 .collect(),
             service: "default".into(),
+            address: None,
             readiness_url: None,
             agent_version: "test".into(),
         };

@@ -192,6 +192,7 @@ pub fn coordinator_config(data_dir: &Path) -> CoordinatorConfig {
                 running_per_replica: 8.0,
             },
         }],
+        ..CoordinatorConfig::default()
     }
 }
 
@@ -270,10 +271,6 @@ pub async fn reconciler(
 /// `every` steps.
 pub fn trainer_job(name: &str, gpus: u32, target: u64, rate: u64, every: u64) -> JobSpec {
     JobSpec {
-        name: name.to_owned(),
-        image: TRAINER_IMAGE.to_owned(),
-        command: vec![],
-        args: vec![],
         env: vec![
             EnvVar {
                 name: "TRAINER_TARGET_STEP".into(),
@@ -288,13 +285,11 @@ pub fn trainer_job(name: &str, gpus: u32, target: u64, rate: u64, every: u64) ->
                 value: every.to_string(),
             },
         ],
-        gpus,
-        priority: 0,
-        owner: None,
         checkpoint: CheckpointPolicy {
             signal: "SIGTERM".into(),
             grace_period_seconds: 10,
         },
+        ..JobSpec::new(name, TRAINER_IMAGE, gpus)
     }
 }
 

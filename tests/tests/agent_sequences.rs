@@ -29,6 +29,7 @@ fn lease(
         attempt: 1,
         gpus,
         job,
+        rendezvous: None,
     }
 }
 

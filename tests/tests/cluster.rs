@@ -66,7 +66,7 @@ async fn an_agent_restart_adopts_running_containers_without_duplicating_them() {
     .await;
     let jobs = containers(&node, "job");
     assert_eq!(jobs.len(), 1);
-    let lease = client.job(job.id).await.unwrap().lease.expect("lease");
+    let lease = client.job(job.id).await.unwrap().leases[0].clone();
     agent.stop();
     let (agent, _) = start_agent(agent_config(&coordinator.url, &node, &work, 4), 4).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -77,7 +77,7 @@ async fn an_agent_restart_adopts_running_containers_without_duplicating_them() {
     );
     let after = client.job(job.id).await.unwrap();
     assert_eq!((after.state, after.attempt), (JobState::Running, 1));
-    assert_eq!(after.lease.map(|l| l.epoch), Some(lease.epoch));
+    assert_eq!(after.leases.first().map(|l| l.epoch), Some(lease.epoch));
     let replicas = containers(&node, "replica");
     assert!(
         replicas.iter().all(|(_, _, s)| s != "running"),
@@ -183,10 +183,9 @@ async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() 
             "job {} unchanged",
             b.id
         );
-        assert_eq!(
-            b.lease.as_ref().map(|l| l.epoch),
-            a.lease.as_ref().map(|l| l.epoch)
-        );
+        let epochs =
+            |j: &nightshift_common::JobView| j.leases.iter().map(|l| l.epoch).collect::<Vec<_>>();
+        assert_eq!(epochs(b), epochs(a));
     }
     assert_eq!(after[0].state, JobState::Running);
     for id in &queued {

@@ -6,6 +6,9 @@
 //! load must stay low for a whole window, the service must be out of its cooldown, the floor
 //! must hold without the node, and a queued job must be waiting that fits on it.
 
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, VecDeque};
+
 use nightshift_common::{JobState, NodeMode, UnixMillis};
 
 use crate::config::ServicePolicy;
@@ -53,10 +56,10 @@ impl Core {
         if now < low_since + policy.scale_down.window_ms || !cooled {
             return;
         }
-        if load.serve_nodes <= policy.min_replicas as usize {
-            return;
-        }
-        if let Some(node) = self.lend_candidate(now, &policy) {
+        let spare = load
+            .serve_nodes
+            .saturating_sub(policy.min_replicas as usize);
+        for node in self.lend_candidates(now, &policy, spare) {
             self.set_mode(now, &node, NodeMode::Lend);
         }
     }
@@ -116,52 +119,61 @@ impl Core {
     }
 
     /// The lent node whose return costs the least: idle ones first, then the one whose jobs
-    /// have the lowest priority, then the one whose jobs started last (least work lost).
+    /// have the lowest priority, then one whose jobs are all past the preemption-exempt time,
+    /// then the one that loses the least work (GPUs times the time since each job's last
+    /// checkpoint, counting every node of a gang, since a gang is taken back whole).
     fn cheapest_lent_node(&self, now: UnixMillis, service: &str) -> Option<String> {
         let ttl = self.config.lease_ttl_ms;
         self.nodes
             .values()
             .filter(|n| n.service == service && n.mode == NodeMode::Lend && n.reachable(now, ttl))
             .min_by_key(|n| {
-                let jobs: Vec<_> = self
-                    .leases
-                    .on_node(&n.name)
-                    .filter(|l| !l.revoked)
-                    .filter_map(|l| self.jobs.get(&l.job))
-                    .collect();
+                let jobs = self.jobs_on(&n.name);
                 let busy = !jobs.is_empty();
                 let priority = jobs
                     .iter()
                     .map(|j| j.spec.priority)
                     .max()
                     .unwrap_or(i32::MIN);
-                let newest_start = jobs
-                    .iter()
-                    .filter_map(|j| j.started_at.or(Some(now)))
-                    .max()
-                    .unwrap_or(now);
-                (
-                    busy,
-                    priority,
-                    std::cmp::Reverse(newest_start),
-                    n.name.clone(),
-                )
+                let exempt = jobs.iter().any(|j| {
+                    j.attempt_started_at
+                        .is_none_or(|t| now < t + self.config.preempt_exempt_ms)
+                        && self.config.preempt_exempt_ms > 0
+                });
+                let lost: u64 = jobs.iter().map(|j| self.work_at_risk(now, j)).sum();
+                (busy, priority, exempt, lost, n.name.clone())
             })
             .map(|n| n.name.clone())
     }
 
-    fn reclaim(&mut self, now: UnixMillis, node: &str) {
-        let leases: Vec<u64> = self
+    /// Jobs holding a live lease on `node`, each once.
+    fn jobs_on(&self, node: &str) -> Vec<&crate::job::Job> {
+        let mut ids: Vec<u64> = self
             .leases
             .on_node(node)
             .filter(|l| !l.revoked)
-            .map(|l| l.id)
+            .map(|l| l.job)
             .collect();
-        for lease in leases {
-            let Some(job) = self.leases.get(lease).map(|l| l.job) else {
-                continue;
-            };
-            self.revoke(lease);
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter().filter_map(|id| self.jobs.get(id)).collect()
+    }
+
+    /// GPU-milliseconds a job would lose if stopped now: all its GPUs, times the time since
+    /// its last checkpoint (or since its attempt started).
+    pub(crate) fn work_at_risk(&self, now: UnixMillis, job: &crate::job::Job) -> u64 {
+        let since = job
+            .last_checkpoint_at
+            .max(job.attempt_started_at)
+            .unwrap_or(now);
+        let gpus = u64::from(job.spec.gpus) * u64::from(job.spec.nodes);
+        now.saturating_sub(since) * gpus
+    }
+
+    /// Takes `node` back: every job on it is preempted (a gang on all its nodes).
+    fn reclaim(&mut self, now: UnixMillis, node: &str) {
+        let jobs: Vec<u64> = self.jobs_on(node).iter().map(|j| j.id).collect();
+        for job in jobs {
             let _ = self.job_event(now, job, crate::job::JobEvent::Preempt);
         }
         self.set_mode(now, node, NodeMode::Serve);
@@ -179,11 +191,32 @@ impl Core {
             && running <= policy.scale_down.max_running_per_replica * remaining
     }
 
-    /// A serving node worth lending: one on which the first queued job that fits anywhere
-    /// would fit.
-    fn lend_candidate(&self, now: UnixMillis, policy: &ServicePolicy) -> Option<String> {
+    /// Serving nodes worth lending: as many as the first runnable queued job still needs
+    /// beyond what lent nodes already offer, if the floor allows that many.
+    fn lend_candidates(
+        &self,
+        now: UnixMillis,
+        policy: &ServicePolicy,
+        spare: usize,
+    ) -> Vec<String> {
         let ttl = self.config.lease_ttl_ms;
-        let candidates: Vec<&Node> = self
+        let Some(head) = self
+            .queue(now)
+            .into_iter()
+            .next()
+            .and_then(|id| self.jobs.get(&id))
+        else {
+            return Vec::new();
+        };
+        let (gpus, nodes) = (head.spec.gpus as usize, head.spec.nodes as usize);
+        let lent_fit = self
+            .nodes
+            .values()
+            .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
+            .filter(|n| self.free_gpus(n).len() >= gpus)
+            .count();
+        let needed = nodes.saturating_sub(lent_fit);
+        let mut candidates: Vec<&Node> = self
             .nodes
             .values()
             .filter(|n| {
@@ -191,26 +224,79 @@ impl Core {
                     && n.mode == NodeMode::Serve
                     && n.replica_serving()
                     && n.reachable(now, ttl)
+                    && n.gpus.len() >= gpus
+                    && n.occupied_gpus().is_empty()
             })
             .collect();
-        let first_queued = self.queue().into_iter().next()?;
-        let gpus = self.jobs.get(&first_queued)?.spec.gpus as usize;
+        // Lend the nodes with the fewest GPUs that fit, to keep big nodes for big jobs.
+        candidates.sort_by_key(|n| (n.gpus.len(), n.name.clone()));
+        if needed == 0 || needed > spare || candidates.len() < needed {
+            return Vec::new();
+        }
         candidates
             .into_iter()
-            .filter(|n| n.gpus.len() >= gpus && n.occupied_gpus().is_empty())
-            // Lend the node with the fewest GPUs that fits, to keep big nodes for big jobs.
-            .min_by_key(|n| (n.gpus.len(), n.name.clone()))
+            .take(needed)
             .map(|n| n.name.clone())
+            .collect()
     }
 
-    /// Queued jobs in the order they run: higher priority first, then first submitted.
-    pub(crate) fn queue(&self) -> Vec<u64> {
-        let mut queued: Vec<_> = self
+    /// Queued jobs that may run now, in the order they run: higher priority first; within a
+    /// priority, the team furthest below its weighted fair share of GPUs first (counting what
+    /// it runs and what it would get ahead in the queue); then first submitted.
+    pub(crate) fn queue(&self, now: UnixMillis) -> Vec<u64> {
+        let mut usage: BTreeMap<String, f64> = BTreeMap::new();
+        for j in self.jobs.values().filter(|j| !j.leases.is_empty()) {
+            *usage.entry(team(j)).or_default() += f64::from(j.spec.gpus * j.spec.nodes);
+        }
+        let mut by_priority: BTreeMap<Reverse<i32>, BTreeMap<String, VecDeque<&crate::job::Job>>> =
+            BTreeMap::new();
+        let mut queued: Vec<&crate::job::Job> = self
             .jobs
             .values()
-            .filter(|j| j.state == JobState::Queued)
+            .filter(|j| j.state == JobState::Queued && j.not_before.is_none_or(|t| t <= now))
             .collect();
-        queued.sort_by_key(|j| (std::cmp::Reverse(j.spec.priority), j.submitted_at, j.id));
-        queued.into_iter().map(|j| j.id).collect()
+        queued.sort_by_key(|j| (j.submitted_at, j.id));
+        for j in queued {
+            by_priority
+                .entry(Reverse(j.spec.priority))
+                .or_default()
+                .entry(team(j))
+                .or_default()
+                .push_back(j);
+        }
+        let mut order = Vec::new();
+        for (_, mut teams) in by_priority {
+            while let Some(name) = teams
+                .iter()
+                .filter(|(_, q)| !q.is_empty())
+                .min_by(|(a, qa), (b, qb)| {
+                    let share = |t: &str| usage.get(t).copied().unwrap_or(0.0) / self.weight(t);
+                    share(a).total_cmp(&share(b)).then_with(|| {
+                        (qa[0].submitted_at, qa[0].id).cmp(&(qb[0].submitted_at, qb[0].id))
+                    })
+                })
+                .map(|(name, _)| name.clone())
+            {
+                let Some(j) = teams.get_mut(&name).and_then(VecDeque::pop_front) else {
+                    break;
+                };
+                *usage.entry(name).or_default() += f64::from(j.spec.gpus * j.spec.nodes);
+                order.push(j.id);
+            }
+        }
+        order
     }
+
+    fn weight(&self, team: &str) -> f64 {
+        self.config
+            .team_weights
+            .get(team)
+            .copied()
+            .filter(|w| *w > 0.0)
+            .unwrap_or(1.0)
+    }
+}
+
+fn team(j: &crate::job::Job) -> String {
+    j.spec.owner.clone().unwrap_or_else(|| "default".to_owned())
 }

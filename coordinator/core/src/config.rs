@@ -9,6 +9,13 @@ pub struct CoreConfig {
     /// long is unreachable: its leases expire and their jobs are requeued.
     pub lease_ttl_ms: u64,
     pub services: Vec<ServicePolicy>,
+    /// A job that has run less than this is taken back only when no other lent node will do
+    /// (like Slurm's `PreemptExemptTime`).
+    pub preempt_exempt_ms: u64,
+    /// Weights of teams (a job's `owner`) for fair share; a team not listed weighs 1.
+    pub team_weights: std::collections::BTreeMap<String, f64>,
+    /// First port of gang rendezvous; a job uses `base + id % 1000`.
+    pub rendezvous_port_base: u16,
 }
 
 impl Default for CoreConfig {
@@ -17,6 +24,9 @@ impl Default for CoreConfig {
             heartbeat_interval_ms: 1_000,
             lease_ttl_ms: 30_000,
             services: vec![ServicePolicy::default()],
+            preempt_exempt_ms: 0,
+            team_weights: std::collections::BTreeMap::new(),
+            rendezvous_port_base: 29_500,
         }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::{
     DesiredNode, GpuInfo, Heartbeat, JobRunState, JobSpec, JobState, JobView, LeaseGrant,
-    LeaseView, NodeGpuView, NodeMode, NodeView, SpecError, UnixMillis,
+    LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous, SpecError, UnixMillis,
 };
 
 use crate::config::CoreConfig;
@@ -19,11 +19,31 @@ use crate::snapshot::{CoreSnapshot, NodeSnapshot};
 /// What changed, for the caller to persist and publish.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Effect {
-    /// The job's record changed (state, lease, attempt, outputs).
+    /// The job's record changed (state, leases, attempt, outputs).
     JobChanged(u64),
     /// The node's durable record changed and, when its `desired_version` moved, agents
     /// waiting on it must be woken.
     NodeChanged(String),
+    /// A lease ended: what it used, for accounting.
+    LeaseEnded(Usage),
+}
+
+/// The GPU time one lease used, recorded when it ends.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Usage {
+    pub lease_id: u64,
+    pub job_id: u64,
+    /// The job's owner, or `default`.
+    pub team: String,
+    pub node: String,
+    pub gpus: u32,
+    pub started_at: UnixMillis,
+    pub ended_at: UnixMillis,
+    /// Ended by a preemption (a reclaim, a silent node), not by the job.
+    pub preempted: bool,
+    /// GPU-milliseconds of work lost: for a preemption, the GPUs times the time since the
+    /// job's last checkpoint (or its start, if it never checkpointed).
+    pub lost_gpu_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,11 +112,12 @@ impl Core {
         let mut leases = Vec::new();
         let mut jobs = BTreeMap::new();
         for view in snapshot.jobs {
-            if let Some(l) = &view.lease {
+            for l in &view.leases {
                 leases.push(Lease {
                     id: l.lease_id,
                     epoch: l.epoch,
                     job: view.id,
+                    rank: l.rank,
                     node: l.node.clone(),
                     gpus: l.gpus.clone(),
                     granted_at: l.granted_at,
@@ -114,6 +135,7 @@ impl Core {
                 let mut node = Node::new(&s.name, &s.service, s.gpus, s.mode_since);
                 node.mode = s.mode;
                 node.desired_version = s.desired_version;
+                node.address = s.address;
                 (s.name, node)
             })
             .collect();
@@ -154,10 +176,22 @@ impl Core {
         service: &str,
         gpus: Vec<GpuInfo>,
     ) -> Result<(), CoreError> {
+        self.register_at(now, node, service, gpus, None)
+    }
+
+    /// [`Core::register`], with the address other nodes reach this one at.
+    pub fn register_at(
+        &mut self,
+        now: UnixMillis,
+        node: &str,
+        service: &str,
+        gpus: Vec<GpuInfo>,
+        address: Option<String>,
+    ) -> Result<(), CoreError> {
         if !self.services.contains_key(service) {
             return Err(CoreError::UnknownService(service.to_owned()));
         }
-        match self.nodes.get_mut(node) {
+        let n = match self.nodes.get_mut(node) {
             Some(n) if n.service != service => {
                 return Err(CoreError::ServiceMismatch {
                     node: node.to_owned(),
@@ -167,14 +201,15 @@ impl Core {
             }
             Some(n) => {
                 n.gpus = gpus;
-                n.last_heartbeat = Some(now);
+                n
             }
-            None => {
-                let mut n = Node::new(node, service, gpus, now);
-                n.last_heartbeat = Some(now);
-                self.nodes.insert(node.to_owned(), n);
-            }
-        }
+            None => self
+                .nodes
+                .entry(node.to_owned())
+                .or_insert_with(|| Node::new(node, service, gpus, now)),
+        };
+        n.last_heartbeat = Some(now);
+        n.address = address.unwrap_or_else(|| node.to_owned());
         self.effects.insert(Effect::NodeChanged(node.to_owned()));
         self.decide(now);
         Ok(())
@@ -206,6 +241,13 @@ impl Core {
             let run = runs
                 .iter()
                 .find(|r| r.lease_id == lease.id && r.epoch == lease.epoch);
+            if let Some(at) = run.and_then(|r| r.last_checkpoint_at)
+                && let Some(job) = self.jobs.get_mut(&lease.job)
+                && job.last_checkpoint_at < Some(at)
+            {
+                job.last_checkpoint_at = Some(at);
+                self.effects.insert(Effect::JobChanged(lease.job));
+            }
             let event = match run.map(|r| &r.state) {
                 Some(JobRunState::Running | JobRunState::Stopping) => Some(JobEvent::Started),
                 Some(JobRunState::Pending) => None,
@@ -214,32 +256,35 @@ impl Core {
                     stopped_by_agent,
                 }) => {
                     if lease.revoked || *stopped_by_agent {
-                        Some(JobEvent::Requeue {
-                            message: Some("preempted: the node serves again".to_owned()),
+                        Some(JobEvent::MemberLost {
+                            lease: lease.id,
+                            message: format!("stopped on node {node} (exit code {exit_code})"),
                         })
                     } else {
                         let outputs = run.map(|r| r.outputs.clone()).unwrap_or_default();
-                        Some(JobEvent::Exited {
+                        Some(JobEvent::MemberExited {
+                            lease: lease.id,
                             exit_code: *exit_code,
                             outputs,
                         })
                     }
                 }
-                Some(JobRunState::FailedToStart { message }) => Some(JobEvent::StartFailed {
+                Some(JobRunState::FailedToStart { message }) => Some(JobEvent::MemberStartFailed {
+                    lease: lease.id,
                     message: message.clone(),
                 }),
                 // Not reported although the agent has applied the state that granted it (or
                 // the lease was revoked): the container is gone.
                 None if lease.revoked || applied >= lease.granted_version.max(1) => {
-                    Some(JobEvent::Requeue {
-                        message: Some(format!("container vanished from node {node}")),
+                    Some(JobEvent::MemberLost {
+                        lease: lease.id,
+                        message: format!("container vanished from node {node}"),
                     })
                 }
                 None => None,
             };
             if let Some(event) = event {
-                // A report that no longer fits the job (a late duplicate) changes nothing.
-                let _ = self.job_event(now, lease.job, event);
+                self.member_event(now, &lease, event);
             }
         }
         self.decide(now);
@@ -265,10 +310,27 @@ impl Core {
 
     pub fn submit(&mut self, now: UnixMillis, spec: JobSpec) -> Result<u64, CoreError> {
         spec.validate()?;
-        let largest = self.nodes.values().map(|n| n.gpus.len() as u32).max();
-        if let Some(largest) = largest
-            && spec.gpus > largest
-        {
+        self.check_fits(&spec)?;
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        self.jobs.insert(id, Job::new(id, spec, now));
+        self.effects.insert(Effect::JobChanged(id));
+        self.decide(now);
+        Ok(id)
+    }
+
+    /// Refuses a job that no placement could ever satisfy, rather than queueing it forever.
+    fn check_fits(&self, spec: &JobSpec) -> Result<(), CoreError> {
+        if self.nodes.is_empty() {
+            return Ok(());
+        }
+        let largest = self
+            .nodes
+            .values()
+            .map(|n| n.gpus.len() as u32)
+            .max()
+            .unwrap_or(0);
+        if spec.gpus > largest {
             return Err(SpecError::new(
                 "gpus",
                 format!(
@@ -278,12 +340,22 @@ impl Core {
             )
             .into());
         }
-        let id = self.next_job_id;
-        self.next_job_id += 1;
-        self.jobs.insert(id, Job::new(id, spec, now));
-        self.effects.insert(Effect::JobChanged(id));
-        self.decide(now);
-        Ok(id)
+        let fitting = self
+            .nodes
+            .values()
+            .filter(|n| n.gpus.len() as u32 >= spec.gpus)
+            .count() as u32;
+        if spec.nodes > fitting {
+            return Err(SpecError::new(
+                "nodes",
+                format!(
+                    "{} nodes with {} GPUs each is more than the cluster has ({fitting} such nodes)",
+                    spec.nodes, spec.gpus
+                ),
+            )
+            .into());
+        }
+        Ok(())
     }
 
     pub fn cancel(&mut self, now: UnixMillis, id: u64) -> Result<(), CoreError> {
@@ -296,9 +368,6 @@ impl Core {
         }
         if job.state == JobState::Cancelling {
             return Ok(());
-        }
-        if let Some(lease) = job.lease {
-            self.revoke(lease);
         }
         self.job_event(now, id, JobEvent::Cancel)?;
         self.decide(now);
@@ -322,11 +391,13 @@ impl Core {
             .nodes
             .values()
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
+        let backoffs = self.jobs.values().filter_map(|j| j.not_before);
         self.leases
             .next_expiry()
             .into_iter()
             .chain(windows)
             .chain(silence)
+            .chain(backoffs)
             .min()
     }
 
@@ -351,28 +422,35 @@ impl Core {
                 "lease {} expired: node {} went silent",
                 lease.id, lease.node
             );
-            // The job may already have moved on; only a job still holding this lease moves.
             if self
                 .jobs
                 .get(&lease.job)
-                .is_some_and(|j| j.lease == Some(id))
+                .is_some_and(|j| j.leases.contains(&id))
             {
-                let _ = self.job_event(
-                    now,
-                    lease.job,
-                    JobEvent::Requeue {
-                        message: Some(message),
-                    },
-                );
+                self.member_event(now, &lease, JobEvent::MemberLost { lease: id, message });
             } else {
-                self.leases.release(id);
+                self.release(now, id, true);
             }
         }
     }
 
     // ---- helpers for the decision modules -----------------------------------------------
 
-    /// Applies `event` to a job, and keeps the lease table in step with it.
+    /// A report about one member of a job. A report that no longer fits the job (a late
+    /// duplicate) changes nothing.
+    fn member_event(&mut self, now: UnixMillis, lease: &Lease, event: JobEvent) {
+        if self
+            .jobs
+            .get(&lease.job)
+            .is_some_and(|j| j.leases.contains(&lease.id))
+        {
+            let _ = self.job_event(now, lease.job, event);
+        }
+    }
+
+    /// Applies `event` to a job, and keeps the lease table in step with it: leases the job
+    /// let go of are released (and accounted), and a job being stopped has all its remaining
+    /// leases revoked.
     pub(crate) fn job_event(
         &mut self,
         now: UnixMillis,
@@ -380,35 +458,56 @@ impl Core {
         event: JobEvent,
     ) -> Result<(), CoreError> {
         let job = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
-        let held = job.lease;
-        let before = (job.state, job.lease);
+        let before = (job.state, job.leases.clone(), job.attempt);
+        let preemption = matches!(event, JobEvent::MemberLost { .. })
+            || matches!(before.0, JobState::Preempting);
         job.apply(now, event)?;
-        let after = (job.state, job.lease);
-        if let Some(lease) = held
-            && after.1.is_none()
-        {
-            self.release(lease);
+        let (after_leases, stopping) = (job.leases.clone(), job.stopping());
+        let changed = before != (job.state, job.leases.clone(), job.attempt);
+        for lease in before.1.iter().filter(|l| !after_leases.contains(l)) {
+            self.release(now, *lease, preemption);
         }
-        if before != after {
+        if stopping {
+            for lease in &after_leases {
+                self.revoke(*lease);
+            }
+        }
+        if changed {
             self.effects.insert(Effect::JobChanged(id));
         }
         Ok(())
     }
 
-    pub(crate) fn grant(&mut self, now: UnixMillis, job: u64, node: &str, gpus: Vec<u32>) {
-        let Some(n) = self.nodes.get_mut(node) else {
-            return;
-        };
-        n.desired_version += 1;
-        let version = n.desired_version;
+    /// Grants one lease per placement (in rank order) to `job`.
+    pub(crate) fn grant(&mut self, now: UnixMillis, job: u64, placements: Vec<(String, Vec<u32>)>) {
         let ttl = self.config.lease_ttl_ms;
-        let lease = self.leases.grant(now, ttl, job, node, gpus, version).id;
-        self.effects.insert(Effect::NodeChanged(node.to_owned()));
+        let mut leases = Vec::new();
+        for (rank, (node, gpus)) in placements.into_iter().enumerate() {
+            let Some(n) = self.nodes.get_mut(&node) else {
+                continue;
+            };
+            n.desired_version += 1;
+            let version = n.desired_version;
+            leases.push(
+                self.leases
+                    .grant(now, ttl, job, rank as u32, &node, gpus, version)
+                    .id,
+            );
+            self.effects.insert(Effect::NodeChanged(node));
+        }
         if self
-            .job_event(now, job, JobEvent::Leased { lease })
+            .job_event(
+                now,
+                job,
+                JobEvent::Leased {
+                    leases: leases.clone(),
+                },
+            )
             .is_err()
         {
-            self.release(lease);
+            for lease in leases {
+                self.release(now, lease, false);
+            }
         }
     }
 
@@ -424,10 +523,36 @@ impl Core {
         self.bump(&node);
     }
 
-    fn release(&mut self, lease: u64) {
-        if let Some(l) = self.leases.release(lease) {
-            self.bump(&l.node);
-        }
+    fn release(&mut self, now: UnixMillis, lease: u64, preempted: bool) {
+        let Some(l) = self.leases.release(lease) else {
+            return;
+        };
+        self.bump(&l.node);
+        let job = self.jobs.get(&l.job);
+        let gpus = l.gpus.len() as u32;
+        let lost_gpu_ms = match job {
+            Some(j) if preempted => {
+                let since = j
+                    .last_checkpoint_at
+                    .max(j.attempt_started_at)
+                    .unwrap_or(l.granted_at);
+                now.saturating_sub(since.max(l.granted_at)) * u64::from(gpus)
+            }
+            _ => 0,
+        };
+        self.effects.insert(Effect::LeaseEnded(Usage {
+            lease_id: l.id,
+            job_id: l.job,
+            team: job
+                .and_then(|j| j.spec.owner.clone())
+                .unwrap_or_else(|| "default".to_owned()),
+            node: l.node,
+            gpus,
+            started_at: l.granted_at,
+            ended_at: now.max(l.granted_at),
+            preempted,
+            lost_gpu_ms,
+        }));
     }
 
     /// Marks the node's desired state as changed.
@@ -473,6 +598,7 @@ impl Core {
                     attempt: job.attempt,
                     gpus: l.gpus.clone(),
                     job: job.spec.clone(),
+                    rendezvous: self.rendezvous(job, l),
                 })
             })
             .collect();
@@ -481,6 +607,29 @@ impl Core {
             serve: n.mode == NodeMode::Serve,
             leases,
             lease_ttl_ms: self.config.lease_ttl_ms,
+        })
+    }
+
+    /// Where the members of a gang meet: the rank-0 node's address.
+    fn rendezvous(&self, job: &Job, lease: &Lease) -> Option<Rendezvous> {
+        if job.spec.nodes <= 1 {
+            return None;
+        }
+        let master = job
+            .leases
+            .iter()
+            .filter_map(|id| self.leases.get(*id))
+            .find(|l| l.rank == 0)
+            .and_then(|l| self.nodes.get(&l.node))?;
+        Some(Rendezvous {
+            master_addr: master.address.clone(),
+            master_port: self
+                .config
+                .rendezvous_port_base
+                .saturating_add((job.id % 1000) as u16),
+            nnodes: job.spec.nodes,
+            node_rank: lease.rank,
+            nproc_per_node: job.spec.gpus,
         })
     }
 
@@ -494,28 +643,35 @@ impl Core {
     }
 
     fn job_view(&self, j: &Job) -> JobView {
-        let lease = j
-            .lease
-            .and_then(|id| self.leases.get(id))
+        let mut leases: Vec<LeaseView> = j
+            .leases
+            .iter()
+            .filter_map(|id| self.leases.get(*id))
             .map(|l| LeaseView {
                 lease_id: l.id,
                 epoch: l.epoch,
+                rank: l.rank,
                 node: l.node.clone(),
                 gpus: l.gpus.clone(),
                 granted_at: l.granted_at,
                 expires_at: l.expires_at,
                 revoked: l.revoked,
-            });
+            })
+            .collect();
+        leases.sort_by_key(|l| l.rank);
         JobView {
             id: j.id,
             spec: j.spec.clone(),
             state: j.state,
             attempt: j.attempt,
             preemptions: j.preemptions,
+            failures: j.failures,
+            not_before: j.not_before,
+            last_checkpoint_at: j.last_checkpoint_at,
             submitted_at: j.submitted_at,
             started_at: j.started_at,
             finished_at: j.finished_at,
-            lease,
+            leases,
             exit_code: j.exit_code,
             outputs: j.outputs.clone(),
             message: j.message.clone(),
@@ -534,6 +690,7 @@ impl Core {
         self.nodes.get(name).map(|n| NodeSnapshot {
             name: n.name.clone(),
             service: n.service.clone(),
+            address: n.address.clone(),
             gpus: n.gpus.clone(),
             mode: n.mode,
             desired_version: n.desired_version,
@@ -598,16 +755,22 @@ impl Core {
 }
 
 fn job_from_view(v: JobView) -> Job {
+    let mut leases: Vec<&LeaseView> = v.leases.iter().collect();
+    leases.sort_by_key(|l| l.rank);
     Job {
         id: v.id,
+        leases: leases.iter().map(|l| l.lease_id).collect(),
         spec: v.spec,
         state: v.state,
         attempt: v.attempt,
         preemptions: v.preemptions,
+        failures: v.failures,
+        not_before: v.not_before,
         submitted_at: v.submitted_at,
         started_at: v.started_at,
+        attempt_started_at: v.started_at,
+        last_checkpoint_at: v.last_checkpoint_at,
         finished_at: v.finished_at,
-        lease: v.lease.map(|l| l.lease_id),
         exit_code: v.exit_code,
         outputs: v.outputs,
         message: v.message,

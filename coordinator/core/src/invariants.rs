@@ -114,21 +114,35 @@ impl Core {
         }
     }
 
-    /// Starting and running jobs hold a live lease; preempting and cancelling ones a revoked
-    /// lease or none (cancelled before the grant reached the node); others none.
+    /// Starting and running jobs hold only live leases, jobs being stopped only revoked
+    /// ones, other jobs none; every lease a job holds is in the table and names the job.
     fn check_jobs(&self, out: &mut Vec<Violation>) {
         for j in self.jobs.values() {
-            let lease = j.lease.and_then(|id| self.leases.get(id));
+            let leases: Vec<_> = j.leases.iter().map(|id| self.leases.get(*id)).collect();
+            let all = |f: &dyn Fn(&crate::lease::Lease) -> bool| {
+                !leases.is_empty()
+                    && leases
+                        .iter()
+                        .all(|l| l.is_some_and(|l| l.job == j.id && f(l)))
+            };
             let ok = match j.state {
-                JobState::Starting | JobState::Running => lease.is_some_and(|l| !l.revoked),
-                JobState::Preempting | JobState::Cancelling => lease.is_some_and(|l| l.revoked),
-                _ => j.lease.is_none(),
+                JobState::Starting | JobState::Running => all(&|l| !l.revoked),
+                JobState::Preempting | JobState::Cancelling | JobState::Failing => {
+                    all(&|l| l.revoked)
+                }
+                _ => j.leases.is_empty(),
             };
             if !ok {
                 out.push(Violation::JobLeaseMismatch {
                     job: j.id,
                     state: j.state.as_str(),
-                    lease: format!("{:?}", lease.map(|l| (l.id, l.revoked))),
+                    lease: format!(
+                        "{:?}",
+                        leases
+                            .iter()
+                            .map(|l| l.map(|l| (l.id, l.revoked)))
+                            .collect::<Vec<_>>()
+                    ),
                 });
             }
         }

@@ -1,4 +1,8 @@
 //! A job and its state machine: one transition function, illegal moves are typed errors.
+//!
+//! A job holds one lease per node it runs on (a gang holds several). Members end one by one;
+//! the job's outcome is decided when its last lease is gone, so that a job never runs again
+//! while an earlier instance of it may still be writing its checkpoint.
 
 use std::collections::BTreeMap;
 
@@ -7,25 +11,25 @@ use nightshift_common::{JobSpec, JobState, UnixMillis};
 /// What happens to a job. [`Job::apply`] is the only place a job's state changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobEvent {
-    /// GPUs were leased to it.
-    Leased { lease: u64 },
-    /// The agent reports its container running.
+    /// GPUs were leased to it, one lease per node, in rank order.
+    Leased { leases: Vec<u64> },
+    /// The agent reports a member's container running.
     Started,
-    /// Its lease was revoked so that the node serves again.
+    /// Its leases were revoked so that their nodes serve again.
     Preempt,
     /// The user cancelled it.
     Cancel,
-    /// Its container exited by itself.
-    Exited {
+    /// A member's container exited by itself.
+    MemberExited {
+        lease: u64,
         exit_code: i64,
         outputs: BTreeMap<String, String>,
     },
-    /// The container could not be started, e.g. its image is missing.
-    StartFailed { message: String },
-    /// Its container is gone after a preemption, or its lease expired: run it again later.
-    Requeue { message: Option<String> },
-    /// Its container is gone after a cancel.
-    Stopped,
+    /// A member's container could not be started, e.g. its image is missing.
+    MemberStartFailed { lease: u64, message: String },
+    /// A member's container is gone without finishing: stopped for a reclaim, vanished, or its
+    /// lease expired with its node silent. Not the job's fault.
+    MemberLost { lease: u64, message: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,11 +47,16 @@ pub struct Job {
     pub state: JobState,
     pub attempt: u32,
     pub preemptions: u32,
+    pub failures: u32,
+    pub not_before: Option<UnixMillis>,
     pub submitted_at: UnixMillis,
     pub started_at: Option<UnixMillis>,
+    /// When the current attempt's first member started running.
+    pub attempt_started_at: Option<UnixMillis>,
+    pub last_checkpoint_at: Option<UnixMillis>,
     pub finished_at: Option<UnixMillis>,
-    /// The lease it holds, revoked or not.
-    pub lease: Option<u64>,
+    /// The leases it holds, revoked or not, in rank order.
+    pub leases: Vec<u64>,
     pub exit_code: Option<i64>,
     pub outputs: BTreeMap<String, String>,
     pub message: Option<String>,
@@ -60,10 +69,18 @@ impl JobEvent {
             Self::Started => "start",
             Self::Preempt => "preempt",
             Self::Cancel => "cancel",
-            Self::Exited { .. } => "exit",
-            Self::StartFailed { .. } => "fail to start",
-            Self::Requeue { .. } => "requeue",
-            Self::Stopped => "stop",
+            Self::MemberExited { .. } => "exit",
+            Self::MemberStartFailed { .. } => "fail to start",
+            Self::MemberLost { .. } => "lose a member",
+        }
+    }
+
+    fn lease(&self) -> Option<u64> {
+        match self {
+            Self::MemberExited { lease, .. }
+            | Self::MemberStartFailed { lease, .. }
+            | Self::MemberLost { lease, .. } => Some(*lease),
+            _ => None,
         }
     }
 }
@@ -76,93 +93,189 @@ impl Job {
             state: JobState::Queued,
             attempt: 1,
             preemptions: 0,
+            failures: 0,
+            not_before: None,
             submitted_at: now,
             started_at: None,
+            attempt_started_at: None,
+            last_checkpoint_at: None,
             finished_at: None,
-            lease: None,
+            leases: Vec::new(),
             exit_code: None,
             outputs: BTreeMap::new(),
             message: None,
         }
     }
 
-    /// The one transition function.
+    /// Whether the job is being stopped: its remaining leases must all be revoked.
+    pub fn stopping(&self) -> bool {
+        matches!(
+            self.state,
+            JobState::Preempting | JobState::Cancelling | JobState::Failing
+        )
+    }
+
+    /// The one transition function. On an illegal move nothing changes.
     pub fn apply(&mut self, now: UnixMillis, event: JobEvent) -> Result<(), IllegalTransition> {
+        let mut next = self.clone();
+        next.transition(now, event)?;
+        *self = next;
+        Ok(())
+    }
+
+    fn transition(&mut self, now: UnixMillis, event: JobEvent) -> Result<(), IllegalTransition> {
         use JobState::*;
-        let illegal = |job: &Job, event: &JobEvent| IllegalTransition {
-            job: job.id,
-            from: job.state.as_str(),
+        let illegal = IllegalTransition {
+            job: self.id,
+            from: self.state.as_str(),
             event: event.name(),
         };
-        let next = match (self.state, &event) {
-            (Queued, JobEvent::Leased { lease }) => {
-                self.lease = Some(*lease);
+        if let Some(lease) = event.lease() {
+            if !self.leases.contains(&lease) {
+                return Err(illegal);
+            }
+            self.leases.retain(|l| *l != lease);
+        }
+        let last = self.leases.is_empty();
+        let next = match (self.state, event) {
+            (Queued, JobEvent::Leased { leases }) if !leases.is_empty() => {
+                self.leases = leases;
                 self.message = None;
+                self.not_before = None;
+                self.attempt_started_at = None;
                 Starting
             }
-            (Starting, JobEvent::Started) => {
+            (Starting | Running, JobEvent::Started) => {
                 self.started_at.get_or_insert(now);
+                self.attempt_started_at.get_or_insert(now);
                 Running
             }
-            (Running, JobEvent::Started) => Running,
             // Still running while it is being stopped: nothing changes.
-            (Preempting | Cancelling, JobEvent::Started) => self.state,
+            (Preempting | Cancelling | Failing, JobEvent::Started) => self.state,
             (Starting | Running, JobEvent::Preempt) => Preempting,
-            (Starting | Running | Preempting, JobEvent::Cancel) => Cancelling,
-            (Queued, JobEvent::Cancel) => {
-                self.finished_at = Some(now);
-                Cancelled
-            }
-            (Starting | Running | Preempting, JobEvent::Exited { exit_code, outputs }) => {
-                self.lease = None;
-                self.exit_code = Some(*exit_code);
-                self.outputs = outputs.clone();
-                self.finished_at = Some(now);
-                if *exit_code == 0 {
-                    self.message = None;
-                    Succeeded
+            (Starting | Running | Preempting | Failing, JobEvent::Cancel) => Cancelling,
+            (Queued, JobEvent::Cancel) => self.finish(now, Cancelled),
+
+            (
+                Starting | Running,
+                JobEvent::MemberExited {
+                    exit_code: 0,
+                    outputs,
+                    ..
+                },
+            ) => {
+                self.outputs.extend(outputs);
+                if last {
+                    self.exit_code = Some(0);
+                    self.finish(now, Succeeded)
                 } else {
-                    self.message = Some(format!("exited with code {exit_code}"));
-                    Failed
+                    self.state
                 }
             }
-            (Starting | Running | Preempting, JobEvent::StartFailed { message }) => {
-                self.lease = None;
-                self.finished_at = Some(now);
-                self.message = Some(message.clone());
-                Failed
+            (
+                Starting | Running,
+                JobEvent::MemberExited {
+                    exit_code, outputs, ..
+                },
+            ) => {
+                self.outputs.extend(outputs);
+                self.exit_code = Some(exit_code);
+                self.message = Some(format!("exited with code {exit_code}"));
+                if last {
+                    self.fail_or_retry(now)
+                } else {
+                    Failing
+                }
             }
-            (Starting | Running | Preempting, JobEvent::Requeue { message }) => {
-                self.lease = None;
-                self.attempt += 1;
-                self.preemptions += 1;
-                self.message = message.clone();
-                Queued
+            (Starting | Running, JobEvent::MemberStartFailed { message, .. }) => {
+                self.message = Some(message);
+                if last {
+                    self.fail_or_retry(now)
+                } else {
+                    Failing
+                }
+            }
+            (Starting | Running, JobEvent::MemberLost { message, .. }) => {
+                self.message = Some(message);
+                if last { self.requeue() } else { Preempting }
+            }
+            (
+                Preempting,
+                JobEvent::MemberExited { .. }
+                | JobEvent::MemberLost { .. }
+                | JobEvent::MemberStartFailed { .. },
+            ) => {
+                if last {
+                    self.requeue()
+                } else {
+                    Preempting
+                }
+            }
+            (
+                Failing,
+                JobEvent::MemberExited { .. }
+                | JobEvent::MemberLost { .. }
+                | JobEvent::MemberStartFailed { .. },
+            ) => {
+                if last {
+                    self.fail_or_retry(now)
+                } else {
+                    Failing
+                }
             }
             (
                 Cancelling,
-                JobEvent::Stopped
-                | JobEvent::Requeue { .. }
-                | JobEvent::Exited { .. }
-                | JobEvent::StartFailed { .. },
+                JobEvent::MemberExited { .. }
+                | JobEvent::MemberLost { .. }
+                | JobEvent::MemberStartFailed { .. },
             ) => {
-                self.lease = None;
-                self.finished_at = Some(now);
-                Cancelled
+                if last {
+                    self.finish(now, Cancelled)
+                } else {
+                    Cancelling
+                }
             }
-            _ => return Err(illegal(self, &event)),
+            _ => return Err(illegal),
         };
         self.state = next;
         Ok(())
+    }
+
+    fn finish(&mut self, now: UnixMillis, state: JobState) -> JobState {
+        self.finished_at = Some(now);
+        self.leases.clear();
+        if state == JobState::Succeeded {
+            self.message = None;
+        }
+        state
+    }
+
+    /// Back to the queue after a preemption: a new attempt, no failure counted.
+    fn requeue(&mut self) -> JobState {
+        self.attempt += 1;
+        self.preemptions += 1;
+        self.message.get_or_insert_with(|| "preempted".to_owned());
+        JobState::Queued
+    }
+
+    /// A failure: retried after its backoff while the retry budget lasts.
+    fn fail_or_retry(&mut self, now: UnixMillis) -> JobState {
+        self.failures += 1;
+        if self.failures > self.spec.retry.limit {
+            return self.finish(now, JobState::Failed);
+        }
+        self.attempt += 1;
+        self.not_before = Some(now + self.spec.retry.backoff_ms(self.failures));
+        JobState::Queued
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nightshift_common::CheckpointPolicy;
+    use nightshift_common::{CheckpointPolicy, RetryPolicy};
 
-    fn job() -> Job {
+    fn job(nodes: u32, retries: u32) -> Job {
         let spec = JobSpec {
             name: "t".into(),
             image: "i".into(),
@@ -170,48 +283,120 @@ mod tests {
             args: vec![],
             env: vec![],
             gpus: 1,
+            nodes,
             priority: 0,
             owner: None,
             checkpoint: CheckpointPolicy::default(),
+            retry: RetryPolicy {
+                limit: retries,
+                ..RetryPolicy::default()
+            },
         };
         Job::new(1, spec, 0)
     }
 
+    fn exited(lease: u64, exit_code: i64) -> JobEvent {
+        JobEvent::MemberExited {
+            lease,
+            exit_code,
+            outputs: BTreeMap::new(),
+        }
+    }
+
     #[test]
-    fn preempted_job_is_requeued_with_a_higher_attempt() {
-        let mut j = job();
-        j.apply(1, JobEvent::Leased { lease: 7 }).unwrap();
+    fn preempted_job_is_requeued_with_a_higher_attempt_and_no_failure() {
+        let mut j = job(1, 0);
+        j.apply(1, JobEvent::Leased { leases: vec![7] }).unwrap();
         j.apply(2, JobEvent::Started).unwrap();
         j.apply(3, JobEvent::Preempt).unwrap();
-        j.apply(4, JobEvent::Requeue { message: None }).unwrap();
+        j.apply(4, exited(7, 143)).unwrap();
         assert_eq!(
-            (j.state, j.attempt, j.preemptions, j.lease),
-            (JobState::Queued, 2, 1, None)
+            (j.state, j.attempt, j.preemptions, j.failures),
+            (JobState::Queued, 2, 1, 0)
         );
+        assert!(j.leases.is_empty());
         assert_eq!(j.started_at, Some(2));
     }
 
     #[test]
     fn finished_job_cannot_start_again() {
-        let mut j = job();
+        let mut j = job(1, 0);
         j.apply(1, JobEvent::Cancel).unwrap();
-        let err = j.apply(2, JobEvent::Leased { lease: 1 }).unwrap_err();
+        let err = j
+            .apply(2, JobEvent::Leased { leases: vec![1] })
+            .unwrap_err();
         assert_eq!(err.to_string(), "job 1: cannot lease while cancelled");
     }
 
     #[test]
-    fn non_zero_exit_fails_with_the_code() {
-        let mut j = job();
-        j.apply(1, JobEvent::Leased { lease: 7 }).unwrap();
+    fn a_failure_is_retried_after_backoff_until_the_limit() {
+        let mut j = job(1, 1);
+        j.apply(1, JobEvent::Leased { leases: vec![7] }).unwrap();
+        j.apply(2, exited(7, 3)).unwrap();
+        assert_eq!(
+            (j.state, j.attempt, j.failures, j.not_before),
+            (JobState::Queued, 2, 1, Some(10_002))
+        );
+        j.apply(20_000, JobEvent::Leased { leases: vec![8] })
+            .unwrap();
+        j.apply(20_001, exited(8, 3)).unwrap();
+        assert_eq!((j.state, j.failures), (JobState::Failed, 2));
+        assert_eq!(j.message.as_deref(), Some("exited with code 3"));
+    }
+
+    #[test]
+    fn a_gang_succeeds_when_its_last_member_exits_zero() {
+        let mut j = job(2, 0);
+        j.apply(1, JobEvent::Leased { leases: vec![1, 2] }).unwrap();
+        j.apply(2, exited(2, 0)).unwrap();
+        assert_eq!(j.state, JobState::Starting);
+        j.apply(3, exited(1, 0)).unwrap();
+        assert_eq!(j.state, JobState::Succeeded);
+    }
+
+    #[test]
+    fn a_failed_gang_member_stops_the_others_before_the_retry() {
+        let mut j = job(2, 3);
+        j.apply(1, JobEvent::Leased { leases: vec![1, 2] }).unwrap();
+        j.apply(2, JobEvent::Started).unwrap();
+        j.apply(3, exited(1, 1)).unwrap();
+        assert_eq!((j.state, j.leases.clone()), (JobState::Failing, vec![2]));
         j.apply(
-            2,
-            JobEvent::Exited {
-                exit_code: 3,
-                outputs: BTreeMap::new(),
+            4,
+            JobEvent::MemberLost {
+                lease: 2,
+                message: "stopped".into(),
             },
         )
         .unwrap();
-        assert_eq!(j.state, JobState::Failed);
-        assert_eq!(j.message.as_deref(), Some("exited with code 3"));
+        assert_eq!((j.state, j.failures, j.attempt), (JobState::Queued, 1, 2));
+    }
+
+    #[test]
+    fn a_lost_gang_member_preempts_the_whole_gang() {
+        let mut j = job(2, 0);
+        j.apply(1, JobEvent::Leased { leases: vec![1, 2] }).unwrap();
+        j.apply(
+            2,
+            JobEvent::MemberLost {
+                lease: 1,
+                message: "lease expired".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(j.state, JobState::Preempting);
+        j.apply(3, exited(2, 143)).unwrap();
+        assert_eq!(
+            (j.state, j.preemptions, j.failures),
+            (JobState::Queued, 1, 0)
+        );
+    }
+
+    #[test]
+    fn an_unknown_member_is_refused() {
+        let mut j = job(1, 0);
+        j.apply(1, JobEvent::Leased { leases: vec![7] }).unwrap();
+        assert!(j.apply(2, exited(8, 0)).is_err());
+        assert_eq!(j.leases, vec![7]);
     }
 }

@@ -14,6 +14,8 @@ pub struct Lease {
     pub id: u64,
     pub epoch: u64,
     pub job: u64,
+    /// The node's rank in its job's gang (0 for a single-node job).
+    pub rank: u32,
     pub node: String,
     pub gpus: Vec<u32>,
     pub granted_at: UnixMillis,
@@ -51,11 +53,13 @@ impl LeaseTable {
         self.next_epoch.max(1)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn grant(
         &mut self,
         now: UnixMillis,
         ttl_ms: u64,
         job: u64,
+        rank: u32,
         node: &str,
         gpus: Vec<u32>,
         granted_version: u64,
@@ -68,6 +72,7 @@ impl LeaseTable {
             id,
             epoch,
             job,
+            rank,
             node: node.to_owned(),
             gpus,
             granted_at: now,
@@ -137,19 +142,19 @@ mod tests {
     #[test]
     fn epochs_only_go_up_even_after_restore() {
         let mut t = LeaseTable::default();
-        let a = t.grant(0, 10, 1, "n", vec![0], 1).epoch;
-        let b = t.grant(0, 10, 2, "n", vec![1], 1).epoch;
+        let a = t.grant(0, 10, 1, 0, "n", vec![0], 1).epoch;
+        let b = t.grant(0, 10, 2, 0, "n", vec![1], 1).epoch;
         assert!(b > a);
         let kept: Vec<Lease> = t.all().cloned().collect();
         let mut restored = LeaseTable::restore(kept, 0, 0);
-        let c = restored.grant(0, 10, 3, "n", vec![2], 1).epoch;
+        let c = restored.grant(0, 10, 3, 0, "n", vec![2], 1).epoch;
         assert!(c > b);
     }
 
     #[test]
     fn renew_never_shortens_a_lease() {
         let mut t = LeaseTable::default();
-        let id = t.grant(0, 100, 1, "n", vec![0], 1).id;
+        let id = t.grant(0, 100, 1, 0, "n", vec![0], 1).id;
         t.renew("n", 10, 50);
         assert_eq!(t.get(id).unwrap().expires_at, 100);
         t.renew("n", 80, 50);

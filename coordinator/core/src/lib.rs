@@ -18,7 +18,7 @@ mod schedule;
 mod snapshot;
 
 pub use crate::config::{CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
-pub use crate::core::{Core, CoreError, Effect};
+pub use crate::core::{Core, CoreError, Effect, Usage};
 pub use crate::invariants::Violation;
 pub use crate::job::{IllegalTransition, Job, JobEvent};
 pub use crate::lease::Lease;

@@ -15,6 +15,8 @@ const PHASES_KEPT: usize = 32;
 pub struct Node {
     pub name: String,
     pub service: String,
+    /// Where other nodes reach it (gang rendezvous).
+    pub address: String,
     pub gpus: Vec<GpuInfo>,
     pub mode: NodeMode,
     /// Bumped on every change of this node's desired state.
@@ -35,6 +37,7 @@ impl Node {
         Self {
             name: name.to_owned(),
             service: service.to_owned(),
+            address: name.to_owned(),
             gpus,
             mode: NodeMode::Serve,
             desired_version: 1,

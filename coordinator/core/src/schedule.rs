@@ -1,45 +1,88 @@
 //! Placing queued jobs on lent nodes, and handing back lent nodes that have nothing to do.
 //!
-//! Placement is strict FIFO within a priority: if the head of the queue fits on no lent node,
-//! nothing behind it jumps ahead (backfill is later work). GPUs are picked lowest index
-//! first among those that no lease holds and no leftover container occupies.
+//! Jobs are taken in queue order (priority, fair share, age). A gang is placed all or
+//! nothing, one node per member. GPUs are picked lowest index first among those that no lease
+//! holds and no leftover container occupies, on the nodes with the fewest free GPUs that fit
+//! (packing, so that whole nodes stay free for big jobs). When the head of the queue does not
+//! fit, the nodes it would use next are reserved for it and later jobs backfill the rest.
+
+use std::collections::BTreeSet;
 
 use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::core::Core;
+use crate::node::Node;
 
 impl Core {
     pub(crate) fn place_queued(&mut self, now: UnixMillis) {
-        for job in self.queue() {
-            let Some(gpus) = self.jobs.get(&job).map(|j| j.spec.gpus as usize) else {
+        let mut reserved: BTreeSet<String> = BTreeSet::new();
+        for job in self.queue(now) {
+            let Some((gpus, nodes)) = self
+                .jobs
+                .get(&job)
+                .map(|j| (j.spec.gpus as usize, j.spec.nodes as usize))
+            else {
                 continue;
             };
-            let Some((node, picked)) = self.find_gpus(now, gpus) else {
-                break;
-            };
-            self.grant(now, job, &node, picked);
+            match self.find_placement(now, gpus, nodes, &reserved) {
+                Some(placements) => self.grant(now, job, placements),
+                None => {
+                    // Keep the nodes with the most free GPUs for this job; others may backfill.
+                    let mut lent = self.lent_nodes(now, &reserved);
+                    lent.sort_by_key(|n| std::cmp::Reverse(self.free_gpus(n).len()));
+                    reserved.extend(lent.into_iter().take(nodes).map(|n| n.name.clone()));
+                }
+            }
         }
     }
 
-    /// The lent node with the fewest free GPUs that still fit `count` (packing), and which.
-    fn find_gpus(&self, now: UnixMillis, count: usize) -> Option<(String, Vec<u32>)> {
+    fn lent_nodes(&self, now: UnixMillis, reserved: &BTreeSet<String>) -> Vec<&Node> {
         let ttl = self.config.lease_ttl_ms;
         self.nodes
             .values()
-            .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
-            .filter_map(|n| {
-                let held = self.leases.held_gpus(&n.name);
-                let occupied = n.occupied_gpus();
-                let free: Vec<u32> = n
-                    .gpus
-                    .iter()
-                    .map(|g| g.index)
-                    .filter(|i| !held.contains(i) && !occupied.contains(i))
-                    .collect();
-                (free.len() >= count).then(|| (free.len(), n.name.clone(), free))
+            .filter(|n| {
+                n.mode == NodeMode::Lend && n.reachable(now, ttl) && !reserved.contains(&n.name)
             })
-            .min_by_key(|(free, name, _)| (*free, name.clone()))
-            .map(|(_, name, free)| (name, free.into_iter().take(count).collect()))
+            .collect()
+    }
+
+    /// GPUs of `node` that no lease holds and no container occupies.
+    pub(crate) fn free_gpus(&self, n: &Node) -> Vec<u32> {
+        let held = self.leases.held_gpus(&n.name);
+        let occupied = n.occupied_gpus();
+        n.gpus
+            .iter()
+            .map(|g| g.index)
+            .filter(|i| !held.contains(i) && !occupied.contains(i))
+            .collect()
+    }
+
+    /// `count` distinct lent nodes with `gpus` free GPUs each (fewest free first), and which.
+    fn find_placement(
+        &self,
+        now: UnixMillis,
+        gpus: usize,
+        count: usize,
+        reserved: &BTreeSet<String>,
+    ) -> Option<Vec<(String, Vec<u32>)>> {
+        let mut fits: Vec<(usize, String, Vec<u32>)> = self
+            .lent_nodes(now, reserved)
+            .into_iter()
+            .filter_map(|n| {
+                let free = self.free_gpus(n);
+                (free.len() >= gpus).then(|| (free.len(), n.name.clone(), free))
+            })
+            .collect();
+        if fits.len() < count {
+            return None;
+        }
+        fits.sort();
+        Some(
+            fits.into_iter()
+                .take(count)
+                .map(|(_, name, free)| (name, free.into_iter().take(gpus).collect()))
+                .collect(),
+        )
     }
 
     /// A lent node without any lease, when no queued job can use it, goes back to serving.

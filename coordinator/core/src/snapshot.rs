@@ -8,6 +8,7 @@ use nightshift_common::{GpuInfo, JobView, NodeMode, UnixMillis};
 pub struct NodeSnapshot {
     pub name: String,
     pub service: String,
+    pub address: String,
     pub gpus: Vec<GpuInfo>,
     pub mode: NodeMode,
     pub desired_version: u64,

@@ -133,11 +133,11 @@ fn silent_node_loses_its_lease_and_the_job_runs_elsewhere() {
     c.agent("b").durations.insert(1, 100);
     c.core.submit(c.now, spec("train", 4)).unwrap();
     c.run(8);
-    let first = c.core.job(1).unwrap().lease.unwrap();
+    let first = c.core.job(1).unwrap().leases[0].clone();
     c.agent(&first.node).silent = true;
     c.run(12);
     let job = c.core.job(1).unwrap();
-    let second = job.lease.clone().unwrap();
+    let second = job.leases[0].clone();
     assert_ne!(second.node, first.node);
     assert!(
         second.epoch > first.epoch,
@@ -147,7 +147,7 @@ fn silent_node_loses_its_lease_and_the_job_runs_elsewhere() {
     // The silent node comes back: its leftover container is stopped, never run twice.
     c.agent(&first.node).silent = false;
     c.run(5);
-    assert_eq!(c.core.job(1).unwrap().lease.unwrap().node, second.node);
+    assert_eq!(c.core.job(1).unwrap().leases[0].node, second.node);
 }
 
 #[test]
@@ -216,10 +216,13 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
     assert_eq!(after.len(), 2);
     for (b, a) in before.iter().zip(&after) {
         assert_eq!((b.id, b.state, b.attempt), (a.id, a.state, a.attempt));
-        assert_eq!(
-            b.lease.as_ref().map(|l| l.epoch),
-            a.lease.as_ref().map(|l| l.epoch)
-        );
+        let epochs = |v: &nightshift_common::JobView| {
+            v.leases
+                .iter()
+                .map(|l| (l.lease_id, l.epoch, l.rank))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(epochs(b), epochs(a));
     }
     assert_eq!(restored.next_ids(), c.core.next_ids());
     assert_eq!(

@@ -30,7 +30,13 @@ pub async fn register(
         ));
     }
     let reply = cluster.apply(|core, now| {
-        core.register(now, &req.node, &req.service, req.gpus.clone())?;
+        core.register_at(
+            now,
+            &req.node,
+            &req.service,
+            req.gpus.clone(),
+            req.address.clone(),
+        )?;
         let cfg = core.config();
         Ok(RegisterReply {
             node: req.node.clone(),

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use nightshift_common::{
     CheckpointPolicy, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, JobSpec, ReplicaState,
-    ReplicaStatus, ServingSignals,
+    ReplicaStatus, RetryPolicy, ServingSignals,
 };
 use nightshift_core::{Core, CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
 
@@ -22,9 +22,11 @@ pub fn spec(name: &str, gpus: u32) -> JobSpec {
         args: vec![],
         env: vec![],
         gpus,
+        nodes: 1,
         priority: 0,
         owner: None,
         checkpoint: CheckpointPolicy::default(),
+        retry: RetryPolicy::default(),
     }
 }
 
@@ -47,6 +49,7 @@ pub fn config(min_replicas: u32) -> CoreConfig {
             cooldown_ms: 2_000,
             gateway_signal_ttl_ms: 3_000,
         }],
+        ..CoreConfig::default()
     }
 }
 
@@ -158,6 +161,7 @@ impl SimAgent {
                         epoch: l.epoch,
                         gpus: l.gpus.clone(),
                         state: JobRunState::Pending,
+                        last_checkpoint_at: None,
                         outputs: BTreeMap::new(),
                     });
                 }
