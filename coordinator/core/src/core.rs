@@ -340,16 +340,31 @@ impl Core {
             )
             .into());
         }
-        let fitting = self
-            .nodes
-            .values()
-            .filter(|n| n.gpus.len() as u32 >= spec.gpus)
-            .count() as u32;
-        if spec.nodes > fitting {
+        // Per service, the nodes big enough for one member that may be lent at once while
+        // `min_replicas` keep serving.
+        let lendable: u32 = self
+            .config
+            .services
+            .iter()
+            .map(|policy| {
+                let nodes: Vec<&Node> = self
+                    .nodes
+                    .values()
+                    .filter(|n| n.service == policy.name)
+                    .collect();
+                let fit = nodes
+                    .iter()
+                    .filter(|n| n.gpus.len() as u32 >= spec.gpus)
+                    .count() as u32;
+                fit.min((nodes.len() as u32).saturating_sub(policy.min_replicas))
+            })
+            .sum();
+        if spec.nodes > lendable {
             return Err(SpecError::new(
                 "nodes",
                 format!(
-                    "{} nodes with {} GPUs each is more than the cluster has ({fitting} such nodes)",
+                    "{} nodes with {} GPUs each can never be lent at once (at most {lendable}: \
+                     min_replicas keeps the rest serving)",
                     spec.nodes, spec.gpus
                 ),
             )

@@ -69,6 +69,10 @@ pub struct SimAgent {
     pub silent: bool,
     /// Highest lease epoch honoured per GPU.
     pub fenced: BTreeMap<u32, u64>,
+    /// Exit code of each job when it ends by itself (0 when not set).
+    pub exit_codes: BTreeMap<u64, i64>,
+    /// Last checkpoint time each job reports, by job id.
+    pub checkpoints: BTreeMap<u64, u64>,
 }
 
 impl SimAgent {
@@ -88,6 +92,8 @@ impl SimAgent {
             },
             silent: false,
             fenced: BTreeMap::new(),
+            exit_codes: BTreeMap::new(),
+            checkpoints: BTreeMap::new(),
         }
     }
 
@@ -180,11 +186,14 @@ impl SimAgent {
                 *done += 1;
                 if *done >= self.durations.get(&r.job_id).copied().unwrap_or(5) {
                     r.state = JobRunState::Exited {
-                        exit_code: 0,
+                        exit_code: self.exit_codes.get(&r.job_id).copied().unwrap_or(0),
                         stopped_by_agent: false,
                     };
                 }
             }
+        }
+        for r in &mut self.runs {
+            r.last_checkpoint_at = self.checkpoints.get(&r.job_id).copied();
         }
         self.applied = desired.version;
     }
