@@ -1,4 +1,5 @@
-//! Property tests: random sequences of load, submissions, cancels and silences against a
+//! Property tests: random sequences of load, submissions (gangs, priorities, teams, failing
+//! jobs with retries), cancels and silences against a
 //! simulated cluster; the DESIGN.md invariants are checked after every step.
 
 mod sim;
@@ -10,8 +11,12 @@ use sim::{Cluster, config, spec};
 enum Op {
     Submit {
         gpus: u32,
+        nodes: u32,
         steps: u32,
         priority: i32,
+        team: u8,
+        exit_code: i64,
+        retries: u32,
     },
     Load {
         node: usize,
@@ -35,8 +40,10 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (1u32..=4, 1u32..20, -1i32..=1)
-            .prop_map(|(gpus, steps, priority)| Op::Submit { gpus, steps, priority }),
+        3 => (1u32..=4, 1u32..=2, 1u32..20, -1i32..=1, 0u8..3, prop_oneof![4 => Just(0i64), 1 => Just(1i64)], 0u32..3)
+            .prop_map(|(gpus, nodes, steps, priority, team, exit_code, retries)| Op::Submit {
+                gpus, nodes, steps, priority, team, exit_code, retries,
+            }),
         3 => (0usize..3, 0u8..5, 0u8..12)
             .prop_map(|(node, waiting, running)| Op::Load { node, waiting, running }),
         1 => (0u8..4).prop_map(|waiting| Op::Gateway { waiting }),
@@ -59,12 +66,17 @@ proptest! {
         let mut next_job = 1u64;
         for op in ops {
             match op {
-                Op::Submit { gpus, steps, priority } => {
+                Op::Submit { gpus, nodes, steps, priority, team, exit_code, retries } => {
                     let mut s = spec("p", gpus);
                     s.priority = priority;
+                    s.nodes = nodes;
+                    s.owner = Some(format!("team-{team}"));
+                    s.retry.limit = retries;
+                    s.retry.backoff_seconds = 1;
                     if let Ok(id) = c.core.submit(c.now, s) {
                         for a in &mut c.agents {
                             a.durations.insert(id, steps);
+                            a.exit_codes.insert(id, exit_code);
                         }
                         prop_assert_eq!(id, next_job);
                         next_job += 1;
