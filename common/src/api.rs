@@ -165,3 +165,46 @@ pub struct ApiError {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
 }
+
+/// `nightshift report`: GPU time harvested over a period, and what it was worth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    pub since: UnixMillis,
+    pub until: UnixMillis,
+    /// `team`, `job`, `day` or `month` when grouped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub currency: String,
+    pub price_per_gpu_hour: f64,
+    #[serde(flatten)]
+    pub totals: ReportTotals,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<ReportGroup>,
+}
+
+/// The figures of a report, for the whole period or one group.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportTotals {
+    /// GPU-hours under lease inside the period.
+    pub harvested_gpu_hours: f64,
+    /// `harvested_gpu_hours` ÷ the period's hours: the always-on GPUs it amounts to.
+    pub equivalent_gpus: f64,
+    /// `harvested_gpu_hours` × the configured price per GPU-hour.
+    pub savings: f64,
+    /// Leases that ended in a preemption inside the period.
+    pub preemptions: u64,
+    /// GPU-hours of work lost to those preemptions (since each job's last checkpoint).
+    pub lost_gpu_hours: f64,
+    /// Leases counted (ended or still running) that overlap the period.
+    pub leases: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportGroup {
+    pub key: String,
+    #[serde(flatten)]
+    pub totals: ReportTotals,
+}

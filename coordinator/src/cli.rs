@@ -77,6 +77,18 @@ pub enum Command {
     Cancel { id: u64 },
     /// List nodes and what their GPUs are doing.
     Nodes,
+    /// Harvested GPU-hours, what they were worth, and what preemption cost.
+    Report {
+        /// Start of the period: a date (2026-12-01, 2026-12-01T06:00:00Z) or an age (7d, 12h).
+        #[arg(long)]
+        since: Option<String>,
+        /// End of the period (default: now).
+        #[arg(long)]
+        until: Option<String>,
+        /// Group by team, job, day or month.
+        #[arg(long, value_parser = ["team", "job", "day", "month"])]
+        by: Option<String>,
+    },
     /// Run a self-contained demonstration cluster.
     Demo,
 }
@@ -112,6 +124,9 @@ pub enum CliError {
 
     #[error("cannot write output: {0}")]
     Output(#[from] io::Error),
+
+    #[error("{0}")]
+    Usage(String),
 }
 
 fn display_spec_error(err: &SpecError) -> String {
@@ -128,6 +143,7 @@ impl CliError {
         match self {
             Self::ReadJobFile { .. }
             | Self::JobFile { .. }
+            | Self::Usage(_)
             | Self::Client(ClientError::InvalidUrl { .. }) => 2,
             Self::Client(_) | Self::Demo(_) | Self::Output(_) => 1,
         }
@@ -293,8 +309,75 @@ async fn execute(
             let list = Client::new(&cli.coordinator)?.nodes().await?;
             print(out, json, &list, || render_nodes(&list.nodes, now_ms()))?;
         }
+        Command::Report { since, until, by } => {
+            let now = now_ms();
+            let time = |flag: &str, v: &Option<String>| {
+                v.as_deref()
+                    .map(|t| {
+                        crate::report::parse_time(t, now)
+                            .map_err(|e| CliError::Usage(format!("--{flag}: {e}")))
+                    })
+                    .transpose()
+            };
+            let (since, until) = (time("since", &since)?, time("until", &until)?);
+            let report = Client::new(&cli.coordinator)?
+                .report(since, until, by.as_deref())
+                .await?;
+            print(out, json, &report, || render_report(&report))?;
+        }
     }
     Ok(0)
+}
+
+/// A report as a few readable lines and, when grouped, a table.
+pub fn render_report(r: &nightshift_common::Report) -> String {
+    let t = &r.totals;
+    let mut text = format!(
+        "period:             {} to {}\n\
+         harvested:          {:.2} GPU-hours ({} leases)\n\
+         equivalent GPUs:    {:.2} always-on\n\
+         savings:            {:.2} {} at {:.2} per GPU-hour\n\
+         preemptions:        {}, {:.2} GPU-hours of work lost\n",
+        crate::report::period_key(r.since, false),
+        crate::report::period_key(r.until, false),
+        t.harvested_gpu_hours,
+        t.leases,
+        t.equivalent_gpus,
+        t.savings,
+        r.currency,
+        r.price_per_gpu_hour,
+        t.preemptions,
+        t.lost_gpu_hours,
+    );
+    if !r.groups.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .groups
+            .iter()
+            .map(|g| {
+                vec![
+                    clean(&g.key),
+                    format!("{:.2}", g.totals.harvested_gpu_hours),
+                    format!("{:.2}", g.totals.equivalent_gpus),
+                    format!("{:.2}", g.totals.savings),
+                    g.totals.preemptions.to_string(),
+                    format!("{:.2}", g.totals.lost_gpu_hours),
+                ]
+            })
+            .collect();
+        text.push('\n');
+        text.push_str(&table(
+            &[
+                r.by.as_deref().unwrap_or("group").to_uppercase().as_str(),
+                "GPU-HOURS",
+                "EQUIV-GPUS",
+                "SAVINGS",
+                "PREEMPTIONS",
+                "LOST-GPU-HOURS",
+            ],
+            &rows,
+        ));
+    }
+    text
 }
 
 /// Reads and validates a job file; `-` is standard input.

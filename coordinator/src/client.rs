@@ -231,6 +231,32 @@ impl Client {
         self.call::<(), _>(Method::GET, "v1/nodes", None).await
     }
 
+    /// `GET /v1/report`: accounting over `[since, until)` (Unix ms; the coordinator's defaults
+    /// when `None`), grouped by `by`.
+    pub async fn report(
+        &self,
+        since: Option<u64>,
+        until: Option<u64>,
+        by: Option<&str>,
+    ) -> Result<nightshift_common::Report, ClientError> {
+        let mut query = Vec::new();
+        if let Some(s) = since {
+            query.push(format!("since={s}"));
+        }
+        if let Some(u) = until {
+            query.push(format!("until={u}"));
+        }
+        if let Some(b) = by {
+            query.push(format!("by={b}"));
+        }
+        let path = if query.is_empty() {
+            "v1/report".to_owned()
+        } else {
+            format!("v1/report?{}", query.join("&"))
+        };
+        self.call::<(), _>(Method::GET, &path, None).await
+    }
+
     /// `GET /healthz`: `Ok` when the coordinator answers 200.
     pub async fn healthz(&self) -> Result<(), ClientError> {
         let (request, response) = self.send::<()>(Method::GET, "healthz", None).await?;

@@ -13,6 +13,7 @@ use nightshift_common::UnixMillis;
 use nightshift_core::{Core, CoreConfig, CoreError, Effect};
 use tokio::sync::watch;
 
+use crate::config::AccountingConfig;
 use crate::store::{Changes, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,8 @@ struct Inner {
 pub struct Cluster {
     inner: Mutex<Inner>,
     config: CoreConfig,
+    /// What a GPU-hour is worth, for reports.
+    pub accounting: AccountingConfig,
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
@@ -43,7 +46,11 @@ pub fn now_ms() -> UnixMillis {
 
 impl Cluster {
     /// Opens the store and rebuilds the core from it.
-    pub fn open(config: CoreConfig, store: Store) -> Result<Self, StoreError> {
+    pub fn open(
+        config: CoreConfig,
+        accounting: AccountingConfig,
+        store: Store,
+    ) -> Result<Self, StoreError> {
         let snapshot = store.load()?;
         let core = Core::restore(config.clone(), snapshot, now_ms());
         let versions = core
@@ -58,6 +65,7 @@ impl Cluster {
         Ok(Self {
             inner: Mutex::new(Inner { core, store }),
             config,
+            accounting,
             versions: Mutex::new(versions),
         })
     }

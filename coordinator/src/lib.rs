@@ -8,5 +8,6 @@ pub mod demo;
 pub mod gateway;
 pub mod http;
 pub mod loadgen;
+pub mod report;
 pub mod server;
 pub mod store;

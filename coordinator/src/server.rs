@@ -17,7 +17,11 @@ const MAX_TICK: Duration = Duration::from_millis(500);
 pub fn open(config: &CoordinatorConfig) -> anyhow::Result<Arc<Cluster>> {
     let store = Store::open(&config.data_dir)?;
     tracing::info!(db = %store.path().display(), "store opened");
-    Ok(Arc::new(Cluster::open(config.core(), store)?))
+    Ok(Arc::new(Cluster::open(
+        config.core(),
+        config.accounting.clone(),
+        store,
+    )?))
 }
 
 /// Serves the API on `listener` until `shutdown` completes.

@@ -19,9 +19,20 @@ struct Server {
 
 async fn start() -> Server {
     let dir = tempfile::tempdir().unwrap();
+    // Dropping the handle detaches the task: the server runs until the test ends.
+    let (url, _task) = serve_in(dir.path()).await;
+    Server {
+        url,
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+/// Serves a coordinator whose state lives in `dir`; aborting the task stops it.
+async fn serve_in(dir: &std::path::Path) -> (String, tokio::task::JoinHandle<()>) {
     let cfg = CoordinatorConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: dir.path().to_owned(),
+        data_dir: dir.to_owned(),
         services: vec![ServiceConfig {
             min_replicas: 0,
             cooldown_s: 0.0,
@@ -36,16 +47,11 @@ async fn start() -> Server {
     let cluster = nightshift_coordinator::server::open(&cfg).unwrap();
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(nightshift_coordinator::server::serve(
-        listener,
-        cluster,
-        std::future::pending(),
-    ));
-    Server {
-        url,
-        http: reqwest::Client::new(),
-        _dir: dir,
-    }
+    let task = tokio::spawn(async move {
+        let _ =
+            nightshift_coordinator::server::serve(listener, cluster, std::future::pending()).await;
+    });
+    (url, task)
 }
 
 impl Server {
@@ -231,4 +237,167 @@ async fn a_decision_reaches_a_long_polling_agent_at_once() {
     assert!(!desired.serve);
     assert_eq!(desired.leases.len(), 1);
     assert_eq!(desired.leases[0].gpus, vec![0, 1]);
+}
+
+fn run(
+    lease: &nightshift_common::LeaseGrant,
+    state: nightshift_common::JobRunState,
+) -> nightshift_common::JobRun {
+    nightshift_common::JobRun {
+        job_id: lease.job_id,
+        attempt: lease.attempt,
+        lease_id: lease.lease_id,
+        epoch: lease.epoch,
+        gpus: lease.gpus.clone(),
+        state,
+        last_checkpoint_at: None,
+        outputs: Default::default(),
+    }
+}
+
+impl Server {
+    async fn beat(
+        &self,
+        node: &str,
+        replica: ReplicaState,
+        applied: u64,
+        jobs: Vec<nightshift_common::JobRun>,
+    ) -> DesiredNode {
+        let beat = Heartbeat {
+            gpus: vec![],
+            replica: ReplicaStatus {
+                state: replica,
+                signals: ServingSignals {
+                    requests_running: Some(0.0),
+                    requests_waiting: Some(0.0),
+                    kv_cache_usage: Some(0.0),
+                },
+            },
+            jobs,
+            applied_version: applied,
+            phases: vec![],
+        };
+        let (status, body) = self
+            .post(
+                &format!("/v1/agents/{node}/heartbeat"),
+                serde_json::to_value(beat).unwrap(),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_value(body).unwrap()
+    }
+
+    async fn report(&self) -> Value {
+        self.http
+            .get(format!("{}/v1/report?since=0", self.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+/// Sum of gpus × duration over the recorded leases, in GPU-hours, read from the database.
+fn recorded_gpu_hours(dir: &std::path::Path) -> (f64, i64) {
+    let conn = rusqlite::Connection::open(dir.join("nightshift.db")).unwrap();
+    conn.query_row(
+        "SELECT COALESCE(SUM(gpus * (ended_at - started_at)), 0), COUNT(*) FROM usage",
+        [],
+        |r| Ok((r.get::<_, i64>(0)? as f64 / 3_600_000.0, r.get(1)?)),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_report_equals_the_recorded_leases_across_a_restart() {
+    use nightshift_common::JobRunState;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, task) = serve_in(dir.path()).await;
+    let mut s = Server {
+        url,
+        http: reqwest::Client::new(),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    s.register("n1", 4).await;
+    s.heartbeat("n1").await;
+    let mut job = json!({"name": "t", "image": "trainer:1", "gpus": 2, "owner": "nlp"});
+    s.post("/v1/jobs", job.clone()).await;
+    job["gpus"] = json!(4);
+    s.post("/v1/jobs", job).await;
+
+    // Job 1 runs, then the coordinator is killed mid-run and restarted on the same state.
+    let d = s.beat("n1", ReplicaState::Stopped, 0, vec![]).await;
+    let lease1 = d.leases[0].clone();
+    s.beat(
+        "n1",
+        ReplicaState::Stopped,
+        d.version,
+        vec![run(&lease1, JobRunState::Running)],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    task.abort();
+    let _ = task.await;
+    let (url, _task) = serve_in(dir.path()).await;
+    s.url = url;
+    let jobs = s.jobs().await.jobs;
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(
+        jobs[0].leases.first().map(|l| l.epoch),
+        Some(lease1.epoch),
+        "the lease survived"
+    );
+
+    // Job 1 finishes; job 2 runs and finishes.
+    let exited = JobRunState::Exited {
+        exit_code: 0,
+        stopped_by_agent: false,
+    };
+    let d = s
+        .beat(
+            "n1",
+            ReplicaState::Stopped,
+            d.version,
+            vec![run(&lease1, exited.clone())],
+        )
+        .await;
+    let lease2 = d
+        .leases
+        .iter()
+        .find(|l| l.job_id == 2)
+        .expect("job 2 leased")
+        .clone();
+    s.beat(
+        "n1",
+        ReplicaState::Stopped,
+        d.version,
+        vec![run(&lease2, JobRunState::Running)],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.beat(
+        "n1",
+        ReplicaState::Stopped,
+        d.version,
+        vec![run(&lease2, exited)],
+    )
+    .await;
+
+    let (recorded, rows) = recorded_gpu_hours(dir.path());
+    assert_eq!(rows, 2, "one accounting record per lease");
+    let report = s.report().await;
+    let harvested = report["harvested_gpu_hours"].as_f64().unwrap();
+    println!("harvested {harvested} GPU-hours, recorded {recorded}");
+    assert!(recorded > 0.0);
+    assert!(
+        (harvested - recorded).abs() < 1e-6,
+        "report {harvested} = recorded {recorded}"
+    );
+    assert_eq!(report["currency"], "USD");
+    assert_eq!(report["preemptions"], 0);
+    assert!((report["savings"].as_f64().unwrap() - recorded * 2.0).abs() < 1e-6);
+    assert!(report["equivalent_gpus"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["lost_gpu_hours"], 0.0);
 }

@@ -4,6 +4,7 @@
 mod agents;
 mod jobs;
 mod nodes;
+mod report;
 
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/nodes", get(nodes::list))
+        .route("/v1/report", get(report::report))
         .route("/v1/services/{name}/gateway", post(nodes::gateway))
         .route("/v1/agents/register", post(agents::register))
         .route("/v1/agents/{node}/heartbeat", post(agents::heartbeat))
