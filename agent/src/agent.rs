@@ -113,7 +113,13 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
 ) {
     let mut interval = register(&uplink, &req).await;
     loop {
-        let beat = observe(&shared, gpus.as_ref(), serving.as_ref()).await;
+        let beat = observe(
+            &shared,
+            gpus.as_ref(),
+            serving.as_ref(),
+            req.address.as_deref(),
+        )
+        .await;
         match uplink.heartbeat(&beat).await {
             Ok(desired) => {
                 shared.contact();
@@ -130,11 +136,13 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
     }
 }
 
-/// What the agent sees right now, as a heartbeat.
+/// What the agent sees right now, as a heartbeat. The replica's URL is advertised with
+/// `address` as its host when one is configured.
 pub async fn observe<G: Gpus, S: ServingMetrics>(
     shared: &Shared,
     gpus: &G,
     serving: &S,
+    address: Option<&str>,
 ) -> Heartbeat {
     let o = shared.observed();
     let gpu_status = gpus.status().unwrap_or_else(|e| {
@@ -154,6 +162,7 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         replica: ReplicaStatus {
             state: o.replica,
             signals,
+            url: o.replica_url.as_deref().map(|u| advertised(u, address)),
         },
         jobs: o.runs,
         applied_version: o.applied_version,
@@ -187,5 +196,34 @@ async fn reconcile_loop<E: Engine, G: Gpus, S: ServingMetrics>(mut r: Reconciler
             tracing::warn!(node = %r.shared.node, error = %e, "reconcile pass failed; retrying");
         }
         let _ = tokio::time::timeout(RESYNC, desired.changed()).await;
+    }
+}
+
+/// `http://127.0.0.1:8000` seen from other hosts: the same URL with `address` as host.
+fn advertised(url: &str, address: Option<&str>) -> String {
+    let Some(address) = address else {
+        return url.to_owned();
+    };
+    let Some(rest) = url.strip_prefix("http://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once(':') {
+        Some((_, port)) => format!("http://{address}:{port}"),
+        None => format!("http://{address}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_replica_url_is_advertised_with_the_node_address() {
+        assert_eq!(
+            super::advertised("http://127.0.0.1:8000", Some("10.1.2.3")),
+            "http://10.1.2.3:8000"
+        );
+        assert_eq!(
+            super::advertised("http://127.0.0.1:8000", None),
+            "http://127.0.0.1:8000"
+        );
     }
 }

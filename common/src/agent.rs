@@ -101,6 +101,9 @@ impl ReplicaState {
 pub struct ReplicaStatus {
     pub state: ReplicaState,
     pub signals: ServingSignals,
+    /// Where clients reach the replica (service discovery), once its container runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 /// A replica's load as vLLM reports it. `None` means unknown (no scrape, a bad page, a

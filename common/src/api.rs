@@ -208,3 +208,20 @@ pub struct ReportGroup {
     #[serde(flatten)]
     pub totals: ReportTotals,
 }
+
+/// A service's replicas, for load balancers (`GET /v1/services/{name}/endpoints`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoints {
+    pub service: String,
+    pub endpoints: Vec<Endpoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    pub node: String,
+    pub url: String,
+    /// Serving and not lent: send it requests.
+    pub ready: bool,
+}

@@ -458,6 +458,7 @@ pub(crate) mod fake {
                     NodeMode::Lend => ReplicaState::Stopped,
                 },
                 signals: ServingSignals::default(),
+                url: None,
             }),
             reachable: true,
             last_heartbeat: Some(T0 + 299_000),

@@ -34,6 +34,7 @@ pub struct Cluster {
     config: CoreConfig,
     /// What a GPU-hour is worth, for reports.
     pub accounting: AccountingConfig,
+    pub metrics: crate::metrics::Metrics,
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
@@ -66,6 +67,7 @@ impl Cluster {
             inner: Mutex::new(Inner { core, store }),
             config,
             accounting,
+            metrics: crate::metrics::Metrics::default(),
             versions: Mutex::new(versions),
         })
     }

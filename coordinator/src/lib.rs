@@ -8,6 +8,7 @@ pub mod demo;
 pub mod gateway;
 pub mod http;
 pub mod loadgen;
+pub mod metrics;
 pub mod report;
 pub mod server;
 pub mod store;

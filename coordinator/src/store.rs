@@ -243,6 +243,18 @@ impl Store {
         rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
     }
 
+    /// GPU-milliseconds of every ended lease.
+    pub fn harvested_gpu_ms(&self) -> Result<u64, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT COALESCE(SUM(gpus * (ended_at - started_at)), 0) FROM usage",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|v| v.max(0) as u64)
+            .map_err(|e| self.sql(e))
+    }
+
     /// Writes one batch of changes in a single transaction.
     pub fn write(&mut self, changes: &Changes) -> Result<(), StoreError> {
         let path = self.path.clone();

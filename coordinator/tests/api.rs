@@ -110,6 +110,7 @@ impl Server {
                     requests_waiting: Some(0.0),
                     kv_cache_usage: Some(0.0),
                 },
+                url: None,
             },
             jobs: vec![],
             applied_version: 0,
@@ -272,6 +273,7 @@ impl Server {
                     requests_waiting: Some(0.0),
                     kv_cache_usage: Some(0.0),
                 },
+                url: None,
             },
             jobs,
             applied_version: applied,
@@ -400,4 +402,66 @@ async fn the_report_equals_the_recorded_leases_across_a_restart() {
     assert!((report["savings"].as_f64().unwrap() - recorded * 2.0).abs() < 1e-6);
     assert!(report["equivalent_gpus"].as_f64().unwrap() > 0.0);
     assert_eq!(report["lost_gpu_hours"], 0.0);
+}
+
+#[tokio::test]
+async fn metrics_and_service_discovery_show_the_serving_replica() {
+    let s = start().await;
+    s.register("n1", 4).await;
+    let beat = json!({
+        "gpus": [],
+        "replica": {
+            "state": "serving",
+            "signals": {"requests_running": 0.0, "requests_waiting": 0.0, "kv_cache_usage": 0.0},
+            "url": "http://10.0.0.7:8000"
+        },
+        "jobs": [],
+        "applied_version": 1,
+        "phases": [
+            {"seq": 1, "sequence": "reclaim", "phase": "wait_health", "started_at": 1, "duration_ms": 1500},
+            {"seq": 2, "sequence": "reclaim", "phase": "stop_jobs", "started_at": 2, "duration_ms": 200}
+        ]
+    });
+    for _ in 0..2 {
+        // Sent twice: the phases are counted once.
+        let (status, _) = s.post("/v1/agents/n1/heartbeat", beat.clone()).await;
+        assert_eq!(status, 200);
+    }
+    let get = |path: &str| {
+        let (http, url) = (s.http.clone(), format!("{}{path}", s.url));
+        async move { http.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let endpoints: Value =
+        serde_json::from_str(&get("/v1/services/default/endpoints").await).unwrap();
+    assert_eq!(
+        endpoints,
+        json!({"service": "default", "endpoints": [{"node": "n1", "url": "http://10.0.0.7:8000", "ready": true}]})
+    );
+    let sd: Value = serde_json::from_str(&get("/v1/services/default/http_sd").await).unwrap();
+    assert_eq!(
+        sd,
+        json!([{"targets": ["10.0.0.7:8000"], "labels": {"service": "default", "node": "n1"}}])
+    );
+    let missing = s
+        .http
+        .get(format!("{}/v1/services/nope/endpoints", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+
+    let metrics = get("/metrics").await;
+    for line in [
+        "nightshift_gpus{state=\"serving\"} 4",
+        "nightshift_gpus{state=\"lent\"} 0",
+        "nightshift_queue_length 0",
+        "nightshift_phase_duration_seconds_count{sequence=\"reclaim\",phase=\"wait_health\"} 1",
+        "nightshift_phase_duration_seconds_sum{sequence=\"reclaim\",phase=\"stop_jobs\"} 0.2",
+        "nightshift_harvested_gpu_seconds_total 0.0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line:?} in:\n{metrics}"
+        );
+    }
 }

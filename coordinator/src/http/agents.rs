@@ -54,12 +54,18 @@ pub async fn heartbeat(
     body: Bytes,
 ) -> Result<Json<DesiredNode>, HttpError> {
     let beat: Heartbeat = parse("heartbeat", &body)?;
-    let desired = cluster.apply(|core, now| {
+    let (desired, phases) = cluster.apply(|core, now| {
         core.heartbeat(now, &node, beat)?;
-        Ok(core
+        let desired = core
             .desired(&node)
-            .expect("a node that just heartbeat exists"))
+            .expect("a node that just heartbeat exists");
+        let phases: Vec<_> = core
+            .node(&node)
+            .map(|n| n.phases.iter().cloned().collect())
+            .unwrap_or_default();
+        Ok((desired, phases))
     })?;
+    cluster.metrics.observe_phases(&node, &phases);
     Ok(Json(desired))
 }
 

@@ -5,6 +5,7 @@ mod agents;
 mod jobs;
 mod nodes;
 mod report;
+mod services;
 
 use std::sync::Arc;
 
@@ -29,12 +30,33 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/report", get(report::report))
+        .route("/v1/services/{name}/endpoints", get(services::list))
+        .route("/v1/services/{name}/http_sd", get(services::http_sd))
+        .route("/metrics", get(metrics))
         .route("/v1/services/{name}/gateway", post(nodes::gateway))
         .route("/v1/agents/register", post(agents::register))
         .route("/v1/agents/{node}/heartbeat", post(agents::heartbeat))
         .route("/v1/agents/{node}/desired", get(agents::desired))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(cluster)
+}
+
+async fn metrics(axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>) -> Response {
+    let text = cluster.read_store(|store, core, now| {
+        let harvested = store.harvested_gpu_ms().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading harvested gpu time failed");
+            0
+        });
+        cluster.metrics.render(core, now, harvested)
+    });
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// An error answer: a status and an [`ApiError`] body.

@@ -215,6 +215,7 @@ impl SimAgent {
             replica: ReplicaStatus {
                 state: self.replica,
                 signals,
+                url: Some(format!("http://{}:8000", self.name)),
             },
             jobs: self.runs.clone(),
             applied_version: self.applied,
