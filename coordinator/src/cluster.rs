@@ -95,6 +95,11 @@ impl Cluster {
             match effect {
                 Effect::JobChanged(id) => changes.jobs.extend(inner.core.job(*id)),
                 Effect::LeaseEnded(usage) => changes.usage.push(usage.clone()),
+                Effect::ProfileChanged(service) => {
+                    if let Some(p) = inner.core.profile(service) {
+                        changes.profiles.push((service.clone(), p.clone()));
+                    }
+                }
                 Effect::NodeChanged(name) => {
                     if let Some(n) = inner.core.node_snapshot(name) {
                         moved.push((name.clone(), n.desired_version));

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use nightshift_core::{CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
+use nightshift_core::{CoreConfig, HarvestWindow, ScaleDown, ScaleUp, ServicePolicy};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -72,6 +72,19 @@ pub struct ServiceConfig {
     pub gateway_signal_ttl_s: f64,
     pub scale_down: ScaleDownConfig,
     pub scale_up: ScaleUpConfig,
+    /// Most replicas the service needs; nodes beyond are lendable whatever the load.
+    pub max_replicas: Option<u32>,
+    /// Spare replicas kept beyond what the load needs.
+    pub headroom: u32,
+    /// When lending is allowed, e.g. `["Mon-Fri 20:00-08:00", "Sat-Sun 00:00-24:00"]`;
+    /// empty means always.
+    pub harvest_windows: Vec<String>,
+    /// Local time's offset from UTC in minutes, for windows and load profiles.
+    pub utc_offset_minutes: i32,
+    /// Take nodes back ahead of the load the learned profile predicts.
+    pub predictive: bool,
+    /// The reclaim lead time until one is measured on the service's nodes.
+    pub default_reclaim_lead_s: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -80,6 +93,7 @@ pub struct ScaleDownConfig {
     pub max_waiting: f64,
     pub max_running_per_replica: f64,
     pub window_s: f64,
+    pub max_kv_cache_usage: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -87,6 +101,7 @@ pub struct ScaleDownConfig {
 pub struct ScaleUpConfig {
     pub waiting_per_replica: f64,
     pub running_per_replica: f64,
+    pub kv_cache_usage: f64,
 }
 
 impl Default for ServiceConfig {
@@ -99,6 +114,12 @@ impl Default for ServiceConfig {
             gateway_signal_ttl_s: p.gateway_signal_ttl_ms as f64 / 1000.0,
             scale_down: ScaleDownConfig::default(),
             scale_up: ScaleUpConfig::default(),
+            max_replicas: p.max_replicas,
+            headroom: p.headroom,
+            harvest_windows: Vec::new(),
+            utc_offset_minutes: p.utc_offset_minutes,
+            predictive: p.predictive,
+            default_reclaim_lead_s: p.default_reclaim_lead_ms as f64 / 1000.0,
         }
     }
 }
@@ -110,6 +131,7 @@ impl Default for ScaleDownConfig {
             max_waiting: d.max_waiting,
             max_running_per_replica: d.max_running_per_replica,
             window_s: d.window_ms as f64 / 1000.0,
+            max_kv_cache_usage: d.max_kv_cache_usage,
         }
     }
 }
@@ -120,6 +142,7 @@ impl Default for ScaleUpConfig {
         Self {
             waiting_per_replica: u.waiting_per_replica,
             running_per_replica: u.running_per_replica,
+            kv_cache_usage: u.kv_cache_usage,
         }
     }
 }
@@ -236,6 +259,74 @@ impl CoordinatorConfig {
                     "must be above scale_down.max_waiting, or the service flaps",
                 );
             }
+            if s.scale_up.running_per_replica <= s.scale_down.max_running_per_replica {
+                return invalid(
+                    format!("services[{i}].scale_up.running_per_replica"),
+                    "must be above scale_down.max_running_per_replica, or the service flaps",
+                );
+            }
+            let kv = [
+                ("scale_up.kv_cache_usage", s.scale_up.kv_cache_usage),
+                (
+                    "scale_down.max_kv_cache_usage",
+                    s.scale_down.max_kv_cache_usage,
+                ),
+            ];
+            for (key, v) in kv {
+                if !(0.0..=1.0).contains(&v) {
+                    return invalid(format!("services[{i}].{key}"), "must be between 0 and 1");
+                }
+            }
+            if s.scale_up.kv_cache_usage <= s.scale_down.max_kv_cache_usage {
+                return invalid(
+                    format!("services[{i}].scale_up.kv_cache_usage"),
+                    "must be above scale_down.max_kv_cache_usage, or the service flaps",
+                );
+            }
+            if let Some(max) = s.max_replicas
+                && max < s.min_replicas
+            {
+                return invalid(
+                    format!("services[{i}].max_replicas"),
+                    &format!("{max} is below min_replicas {}", s.min_replicas),
+                );
+            }
+            if !(s.default_reclaim_lead_s.is_finite() && s.default_reclaim_lead_s >= 0.0) {
+                return invalid(
+                    format!("services[{i}].default_reclaim_lead_s"),
+                    "must be a duration >= 0",
+                );
+            }
+            if s.utc_offset_minutes.abs() > 14 * 60 {
+                return invalid(
+                    format!("services[{i}].utc_offset_minutes"),
+                    "must be within ±840",
+                );
+            }
+            for (j, text) in s.harvest_windows.iter().enumerate() {
+                let key = format!("services[{i}].harvest_windows[{j}]");
+                let w: HarvestWindow =
+                    text.parse().map_err(|e: nightshift_core::WindowError| {
+                        ConfigError::Invalid {
+                            key: key.clone(),
+                            rule: e.to_string(),
+                        }
+                    })?;
+                let length_min = if w.end > w.start {
+                    w.end - w.start
+                } else {
+                    24 * 60 - w.start + w.end
+                };
+                if f64::from(length_min) * 60.0 <= s.default_reclaim_lead_s {
+                    return invalid(
+                        key,
+                        &format!(
+                            "{text:?} is shorter than the reclaim lead time ({} s), so it never opens",
+                            s.default_reclaim_lead_s
+                        ),
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -254,13 +345,26 @@ impl CoordinatorConfig {
                         max_waiting: s.scale_down.max_waiting,
                         max_running_per_replica: s.scale_down.max_running_per_replica,
                         window_ms: ms(s.scale_down.window_s),
+                        max_kv_cache_usage: s.scale_down.max_kv_cache_usage,
                     },
                     scale_up: ScaleUp {
                         waiting_per_replica: s.scale_up.waiting_per_replica,
                         running_per_replica: s.scale_up.running_per_replica,
+                        kv_cache_usage: s.scale_up.kv_cache_usage,
                     },
                     cooldown_ms: ms(s.cooldown_s),
                     gateway_signal_ttl_ms: ms(s.gateway_signal_ttl_s),
+                    max_replicas: s.max_replicas,
+                    headroom: s.headroom,
+                    // Checked by `validate`.
+                    harvest_windows: s
+                        .harvest_windows
+                        .iter()
+                        .filter_map(|w| w.parse().ok())
+                        .collect(),
+                    utc_offset_minutes: s.utc_offset_minutes,
+                    predictive: s.predictive,
+                    default_reclaim_lead_ms: ms(s.default_reclaim_lead_s),
                 })
                 .collect(),
             preempt_exempt_ms: ms(self.preempt_exempt_s),
@@ -331,5 +435,44 @@ mod tests {
             err,
             "lease_ttl_ms: must be at least twice heartbeat_interval_ms"
         );
+    }
+
+    #[test]
+    fn policies_that_cannot_hold_are_refused_by_name() {
+        let cases = [
+            (
+                "min_replicas = 3\nmax_replicas = 2\n",
+                "services[0].max_replicas: 2 is below min_replicas 3",
+            ),
+            (
+                "harvest_windows = [\"Mon 20:00-20:05\"]\n",
+                "services[0].harvest_windows[0]: \"Mon 20:00-20:05\" is shorter than the reclaim lead time (600 s), so it never opens",
+            ),
+            (
+                "harvest_windows = [\"Mon 20:00\"]\n",
+                "services[0].harvest_windows[0]: \"Mon 20:00\": times must be HH:MM-HH:MM",
+            ),
+            (
+                "[services.scale_up]\nrunning_per_replica = 2\n",
+                "services[0].scale_up.running_per_replica: must be above scale_down.max_running_per_replica, or the service flaps",
+            ),
+            (
+                "[services.scale_down]\nmax_kv_cache_usage = 0.95\n",
+                "services[0].scale_up.kv_cache_usage: must be above scale_down.max_kv_cache_usage, or the service flaps",
+            ),
+        ];
+        for (service, expected) in cases {
+            let (_d, path) = write(&format!("[[services]]\nname = \"chat\"\n{service}"));
+            let err = CoordinatorConfig::load(Some(&path))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(err, expected);
+        }
+        let (_d, path) = write(
+            "[[services]]\nname = \"chat\"\nharvest_windows = [\"Mon-Fri 20:00-08:00\"]\nmax_replicas = 4\n",
+        );
+        let core = CoordinatorConfig::load(Some(&path)).unwrap().core();
+        assert_eq!(core.services[0].harvest_windows.len(), 1);
+        assert_eq!(core.services[0].max_replicas, Some(4));
     }
 }

@@ -431,11 +431,14 @@ async fn start_coordinator(data_dir: &Path) -> anyhow::Result<DemoCoordinator> {
                 max_waiting: 0.0,
                 max_running_per_replica: 4.0,
                 window_s: 2.0,
+                ..ScaleDownConfig::default()
             },
             scale_up: ScaleUpConfig {
                 waiting_per_replica: 2.0,
                 running_per_replica: 8.0,
+                ..ScaleUpConfig::default()
             },
+            ..ServiceConfig::default()
         }],
         ..CoordinatorConfig::default()
     };

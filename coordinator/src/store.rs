@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use nightshift_common::{GpuInfo, JobView, NodeMode, UnixMillis};
-use nightshift_core::{CoreSnapshot, NodeSnapshot, Usage};
+use nightshift_core::{CoreSnapshot, NodeSnapshot, Profile, Usage};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
@@ -34,7 +34,18 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX usage_ended ON usage (ended_at);
     ",
+    // Load profiles learned for predictive reclaim.
+    "
+    CREATE TABLE profiles (service TEXT PRIMARY KEY, record TEXT NOT NULL) STRICT;
+    ",
 ];
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredProfile {
+    weekly: Vec<Option<f64>>,
+    daily: Vec<Option<f64>>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -89,6 +100,7 @@ pub struct Changes {
     pub jobs: Vec<JobView>,
     pub nodes: Vec<NodeSnapshot>,
     pub usage: Vec<Usage>,
+    pub profiles: Vec<(String, Profile)>,
     pub counters: Option<(u64, u64, u64)>,
 }
 
@@ -202,6 +214,25 @@ impl Store {
                 mode_since: n.mode_since,
             });
         }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT service, record FROM profiles ORDER BY service")
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(|e| self.sql(e))?;
+        for row in rows {
+            let (service, record) = row.map_err(|e| self.sql(e))?;
+            let p: StoredProfile =
+                serde_json::from_str(&record).map_err(|source| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("profile of {service}"),
+                    source,
+                })?;
+            snapshot
+                .profiles
+                .push((service, Profile::from_parts(p.weekly, p.daily)));
+        }
         let counter = |key: &str| -> Result<u64, StoreError> {
             let v: Option<i64> = self
                 .conn
@@ -287,6 +318,19 @@ impl Store {
                 "INSERT INTO nodes (name, record) VALUES (?1, ?2)
                  ON CONFLICT(name) DO UPDATE SET record = excluded.record",
                 params![n.name, record],
+            )
+            .map_err(sql)?;
+        }
+        for (service, p) in &changes.profiles {
+            let stored = StoredProfile {
+                weekly: p.weekly.clone(),
+                daily: p.daily.clone(),
+            };
+            let record = serde_json::to_string(&stored).expect("profiles always serialize");
+            tx.execute(
+                "INSERT INTO profiles (service, record) VALUES (?1, ?2)
+                 ON CONFLICT(service) DO UPDATE SET record = excluded.record",
+                params![service, record],
             )
             .map_err(sql)?;
         }

@@ -5,6 +5,10 @@
 //! requests over the scale-up thresholds, reclaims a node at once. Lending is careful: the
 //! load must stay low for a whole window, the service must be out of its cooldown, the floor
 //! must hold without the node, and a queued job must be waiting that fits on it.
+//!
+//! On top of that, three rules look ahead: a service takes nodes back before its harvest
+//! window closes, before the load its profile predicts arrives (both by the measured reclaim
+//! lead time), and never lends below the replicas that load will need plus its headroom.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
@@ -24,7 +28,17 @@ struct Load {
     /// Unknown when any ready replica's signals are unknown.
     waiting: Option<f64>,
     running: Option<f64>,
+    /// The highest KV-cache usage among ready replicas.
+    kv_max: Option<f64>,
     gateway_waiting: u64,
+}
+
+/// What the service expects over the reclaim lead time.
+struct Outlook {
+    /// Whether lending is allowed now and for the whole lead time.
+    window_open: bool,
+    /// Replicas the predicted load needs (headroom included), when a profile exists.
+    needed: Option<usize>,
 }
 
 impl Core {
@@ -39,8 +53,27 @@ impl Core {
             return;
         };
         let load = self.load(now, &policy);
-        if let Some(node) = self.reclaim_candidate(now, &policy, &load) {
+        self.learn(now, &policy, &load);
+        let outlook = self.outlook(now, &policy);
+        if !outlook.window_open {
+            // The window is closing: every lent node goes back.
+            while let Some(node) = self.cheapest_lent_node(now, &policy.name) {
+                self.reclaim(now, &node);
+            }
+            return;
+        }
+        if let Some(node) = self.reclaim_candidate(now, &policy, &load, &outlook) {
             self.reclaim(now, &node);
+            return;
+        }
+        // Nodes beyond max_replicas are lendable whatever the load.
+        let above_max = policy
+            .max_replicas
+            .map_or(0, |m| load.serve_nodes.saturating_sub(m as usize));
+        if above_max > 0 {
+            for node in self.lend_candidates(now, &policy, above_max) {
+                self.set_mode(now, &node, NodeMode::Lend);
+            }
             return;
         }
         let low = self.is_low(&policy, &load);
@@ -56,9 +89,8 @@ impl Core {
         if now < low_since + policy.scale_down.window_ms || !cooled {
             return;
         }
-        let spare = load
-            .serve_nodes
-            .saturating_sub(policy.min_replicas as usize);
+        let keep = (policy.min_replicas as usize).max(outlook.needed.unwrap_or(0));
+        let spare = load.serve_nodes.saturating_sub(keep);
         for node in self.lend_candidates(now, &policy, spare) {
             self.set_mode(now, &node, NodeMode::Lend);
         }
@@ -90,7 +122,81 @@ impl Core {
             ready: ready.len(),
             waiting: sum(|n| n.replica.as_ref()?.signals.requests_waiting),
             running: sum(|n| n.replica.as_ref()?.signals.requests_running),
+            kv_max: ready
+                .iter()
+                .filter_map(|n| n.replica.as_ref()?.signals.kv_cache_usage)
+                .reduce(f64::max),
             gateway_waiting,
+        }
+    }
+
+    /// Feeds the service's load profile with what its replicas report now.
+    fn learn(&mut self, now: UnixMillis, policy: &ServicePolicy, load: &Load) {
+        let (Some(waiting), Some(running)) = (load.waiting, load.running) else {
+            return;
+        };
+        if load.ready == 0 {
+            return;
+        }
+        let total = waiting + running + load.gateway_waiting as f64;
+        let state = self.services.entry(policy.name.clone()).or_default();
+        if state.profile.observe(now, policy.utc_offset_minutes, total) {
+            self.profile_changed(&policy.name);
+        }
+    }
+
+    /// The measured time to take a node back and have it serving: the longest of the latest
+    /// complete reclaims of the service's nodes, with a quarter added for margin.
+    pub(crate) fn reclaim_lead_ms(&self, policy: &ServicePolicy) -> u64 {
+        const PHASES: [&str; 4] = ["stop_jobs", "confirm_free", "start_replica", "wait_health"];
+        let measured = self
+            .nodes
+            .values()
+            .filter(|n| n.service == policy.name)
+            .filter_map(|n| {
+                let latest = |phase: &str| {
+                    n.phases
+                        .iter()
+                        .rev()
+                        .find(|p| {
+                            p.sequence == nightshift_common::SequenceKind::Reclaim
+                                && p.phase == phase
+                        })
+                        .map(|p| p.duration_ms)
+                };
+                // A replica start and its health wait are the part a reclaim cannot skip.
+                latest("start_replica")?;
+                Some(PHASES.iter().filter_map(|p| latest(p)).sum::<u64>())
+            })
+            .max();
+        measured.map_or(policy.default_reclaim_lead_ms, |ms| {
+            ms + ms / 4 + self.config.heartbeat_interval_ms
+        })
+    }
+
+    fn outlook(&self, now: UnixMillis, policy: &ServicePolicy) -> Outlook {
+        let lead = self.reclaim_lead_ms(policy);
+        let window_open = crate::calendar::open_for(
+            &policy.harvest_windows,
+            now,
+            lead,
+            policy.utc_offset_minutes,
+        );
+        let needed = policy
+            .predictive
+            .then(|| self.services.get(&policy.name))
+            .flatten()
+            .and_then(|s| {
+                s.profile
+                    .predict_peak(now, now + lead, policy.utc_offset_minutes)
+            })
+            .map(|load| {
+                let per = policy.scale_up.running_per_replica.max(1.0);
+                (load / per).ceil() as usize + policy.headroom as usize
+            });
+        Outlook {
+            window_open,
+            needed,
         }
     }
 
@@ -100,8 +206,14 @@ impl Core {
         now: UnixMillis,
         policy: &ServicePolicy,
         load: &Load,
+        outlook: &Outlook,
     ) -> Option<String> {
         let below_floor = load.serve_nodes < policy.min_replicas as usize;
+        let at_max = policy
+            .max_replicas
+            .is_some_and(|m| load.serve_nodes >= m as usize);
+        // The profile expects more load within the lead time than the serving nodes carry.
+        let predicted = outlook.needed.is_some_and(|n| n > load.serve_nodes) && !at_max;
         let coming_back = load.serve_nodes > load.ready;
         let pressure = if load.ready == 0 {
             load.gateway_waiting > 0
@@ -110,9 +222,14 @@ impl Core {
             load.gateway_waiting > 0
                 || per(load.waiting).is_some_and(|w| w >= policy.scale_up.waiting_per_replica)
                 || per(load.running).is_some_and(|r| r >= policy.scale_up.running_per_replica)
+                || load
+                    .kv_max
+                    .is_some_and(|kv| kv >= policy.scale_up.kv_cache_usage)
         };
-        // One replica coming back at a time answers pressure; the floor does not wait.
-        if !(below_floor || (pressure && !coming_back)) {
+        let pressure = pressure && !at_max;
+        // One replica coming back at a time answers pressure; the floor and the forecast do
+        // not wait.
+        if !(below_floor || predicted || (pressure && !coming_back)) {
             return None;
         }
         self.cheapest_lent_node(now, &policy.name)
@@ -186,9 +303,14 @@ impl Core {
         let (Some(waiting), Some(running)) = (load.waiting, load.running) else {
             return false;
         };
-        let remaining = (load.ready - 1) as f64;
+        // The replicas left after lending one, less the headroom kept spare.
+        let remaining = (load.ready - 1).saturating_sub(policy.headroom as usize) as f64;
         waiting <= policy.scale_down.max_waiting
             && running <= policy.scale_down.max_running_per_replica * remaining
+            && load.ready > policy.headroom as usize
+            && load
+                .kv_max
+                .is_none_or(|kv| kv <= policy.scale_down.max_kv_cache_usage)
     }
 
     /// Serving nodes worth lending: as many as the first runnable queued job still needs

@@ -43,6 +43,18 @@ pub struct ServicePolicy {
     pub cooldown_ms: u64,
     /// A gateway's report of held requests counts for this long.
     pub gateway_signal_ttl_ms: u64,
+    /// Most replicas the service ever needs: nodes beyond it may be lent whatever the load.
+    pub max_replicas: Option<u32>,
+    /// Spare replicas kept serving beyond what the load needs.
+    pub headroom: u32,
+    /// When lending is allowed (local time); empty means always.
+    pub harvest_windows: Vec<crate::calendar::HarvestWindow>,
+    /// Local time's offset from UTC, for harvest windows and load profiles.
+    pub utc_offset_minutes: i32,
+    /// Reclaim ahead of the load the service's profile predicts.
+    pub predictive: bool,
+    /// The reclaim lead time until one has been measured on the service's nodes.
+    pub default_reclaim_lead_ms: u64,
 }
 
 impl Default for ServicePolicy {
@@ -54,6 +66,12 @@ impl Default for ServicePolicy {
             scale_up: ScaleUp::default(),
             cooldown_ms: 300_000,
             gateway_signal_ttl_ms: 5_000,
+            max_replicas: None,
+            headroom: 0,
+            harvest_windows: Vec::new(),
+            utc_offset_minutes: 0,
+            predictive: true,
+            default_reclaim_lead_ms: 600_000,
         }
     }
 }
@@ -68,6 +86,8 @@ pub struct ScaleDown {
     pub max_running_per_replica: f64,
     /// How long the load must stay low before a replica is lent.
     pub window_ms: u64,
+    /// KV-cache usage (0–1) of every serving replica at most this.
+    pub max_kv_cache_usage: f64,
 }
 
 impl Default for ScaleDown {
@@ -76,6 +96,7 @@ impl Default for ScaleDown {
             max_waiting: 0.0,
             max_running_per_replica: 4.0,
             window_ms: 600_000,
+            max_kv_cache_usage: 0.7,
         }
     }
 }
@@ -85,8 +106,11 @@ impl Default for ScaleDown {
 pub struct ScaleUp {
     /// Requests waiting per serving replica at or above this takes a node back.
     pub waiting_per_replica: f64,
-    /// Requests running per serving replica at or above this takes a node back.
+    /// Requests running per serving replica at or above this takes a node back; also the
+    /// load one replica is counted to carry when predicting how many are needed.
     pub running_per_replica: f64,
+    /// KV-cache usage (0–1) of any serving replica at or above this takes a node back.
+    pub kv_cache_usage: f64,
 }
 
 impl Default for ScaleUp {
@@ -94,6 +118,7 @@ impl Default for ScaleUp {
         Self {
             waiting_per_replica: 2.0,
             running_per_replica: 32.0,
+            kv_cache_usage: 0.9,
         }
     }
 }

@@ -26,6 +26,8 @@ pub enum Effect {
     NodeChanged(String),
     /// A lease ended: what it used, for accounting.
     LeaseEnded(Usage),
+    /// A service's load profile learned a new slot.
+    ProfileChanged(String),
 }
 
 /// The GPU time one lease used, recorded when it ends.
@@ -87,6 +89,8 @@ pub(crate) struct ServiceState {
     pub(crate) last_change: Option<UnixMillis>,
     /// Requests a gateway holds for want of a ready replica, and when it said so.
     pub(crate) gateway: Option<(u64, UnixMillis)>,
+    /// What the service's load looks like by time of day and week.
+    pub(crate) profile: crate::forecast::Profile,
 }
 
 #[derive(Debug, Clone)]
@@ -140,10 +144,21 @@ impl Core {
             })
             .collect();
         let max_job = jobs.keys().copied().max().unwrap_or(0);
+        let mut profiles: BTreeMap<String, crate::forecast::Profile> =
+            snapshot.profiles.into_iter().collect();
         let services = config
             .services
             .iter()
-            .map(|s| (s.name.clone(), ServiceState::default()))
+            .map(|s| {
+                let profile = profiles.remove(&s.name).unwrap_or_default();
+                (
+                    s.name.clone(),
+                    ServiceState {
+                        profile,
+                        ..ServiceState::default()
+                    },
+                )
+            })
             .collect();
         Self {
             config,
@@ -568,6 +583,16 @@ impl Core {
             preempted,
             lost_gpu_ms,
         }));
+    }
+
+    pub(crate) fn profile_changed(&mut self, service: &str) {
+        self.effects
+            .insert(Effect::ProfileChanged(service.to_owned()));
+    }
+
+    /// A service's learned load profile, for persisting.
+    pub fn profile(&self, service: &str) -> Option<&crate::forecast::Profile> {
+        self.services.get(service).map(|s| &s.profile)
     }
 
     /// Marks the node's desired state as changed.

@@ -8,8 +8,10 @@
 //! clock.
 
 mod autoscale;
+mod calendar;
 mod config;
 mod core;
+mod forecast;
 mod invariants;
 mod job;
 mod lease;
@@ -17,8 +19,10 @@ mod node;
 mod schedule;
 mod snapshot;
 
+pub use crate::calendar::{HarvestWindow, WindowError};
 pub use crate::config::{CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
 pub use crate::core::{Core, CoreError, Effect, Usage};
+pub use crate::forecast::Profile;
 pub use crate::invariants::Violation;
 pub use crate::job::{IllegalTransition, Job, JobEvent};
 pub use crate::lease::Lease;

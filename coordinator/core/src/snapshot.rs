@@ -16,11 +16,13 @@ pub struct NodeSnapshot {
 }
 
 /// Everything the core needs to resume. Leases travel inside their jobs' views.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CoreSnapshot {
     pub jobs: Vec<JobView>,
     pub nodes: Vec<NodeSnapshot>,
     pub next_job_id: u64,
     pub next_lease_id: u64,
     pub next_epoch: u64,
+    /// Each service's learned load profile.
+    pub profiles: Vec<(String, crate::forecast::Profile)>,
 }

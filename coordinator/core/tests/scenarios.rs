@@ -210,6 +210,7 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
         next_job_id,
         next_lease_id,
         next_epoch,
+        profiles: Vec::new(),
     };
     let restored = Core::restore(config(0), snapshot, c.now);
     let after = restored.jobs();

@@ -41,13 +41,16 @@ pub fn config(min_replicas: u32) -> CoreConfig {
                 max_waiting: 0.0,
                 max_running_per_replica: 2.0,
                 window_ms: 3_000,
+                ..ScaleDown::default()
             },
             scale_up: ScaleUp {
                 waiting_per_replica: 2.0,
                 running_per_replica: 8.0,
+                ..ScaleUp::default()
             },
             cooldown_ms: 2_000,
             gateway_signal_ttl_ms: 3_000,
+            ..ServicePolicy::default()
         }],
         ..CoreConfig::default()
     }
@@ -256,8 +259,12 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(config: CoreConfig, nodes: &[(&str, u32)]) -> Self {
+        Self::new_at(config, nodes, 1_000_000)
+    }
+
+    /// A cluster whose clock starts at `now` (Unix ms).
+    pub fn new_at(config: CoreConfig, nodes: &[(&str, u32)], now: u64) -> Self {
         let mut core = Core::new(config);
-        let now = 1_000_000;
         let agents: Vec<SimAgent> = nodes.iter().map(|(n, g)| SimAgent::new(n, *g)).collect();
         for a in &agents {
             core.register(now, &a.name, "llm", a.inventory())
@@ -277,6 +284,13 @@ impl Cluster {
         }
         self.now += TICK_MS;
         self.core.tick(self.now);
+    }
+
+    /// Jumps the clock by `ms`, then runs one step.
+    pub fn jump(&mut self, ms: u64) {
+        self.now += ms.saturating_sub(TICK_MS);
+        self.step();
+        self.assert_invariants();
     }
 
     pub fn run(&mut self, steps: usize) {
