@@ -33,7 +33,7 @@ pub trait Gpus: Send + Sync + 'static {
 
 /// The GPUs this agent runs with: NVML, or fake ones when configured.
 pub enum HostGpus {
-    Nvml(nvml::NvmlGpus),
+    Nvml(Box<nvml::NvmlGpus>),
     Fake(fake::FakeGpus),
 }
 
@@ -47,7 +47,7 @@ impl HostGpus {
     ) -> Result<Self, GpuError> {
         match fake {
             Some(n) => Ok(Self::Fake(fake::FakeGpus::new(node, n))),
-            None => nvml::NvmlGpus::open(library).map(Self::Nvml),
+            None => nvml::NvmlGpus::open(library).map(|g| Self::Nvml(Box::new(g))),
         }
     }
 }

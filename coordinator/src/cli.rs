@@ -311,15 +311,17 @@ async fn execute(
         }
         Command::Report { since, until, by } => {
             let now = now_ms();
-            let time = |flag: &str, v: &Option<String>| {
-                v.as_deref()
-                    .map(|t| {
-                        crate::report::parse_time(t, now)
-                            .map_err(|e| CliError::Usage(format!("--{flag}: {e}")))
-                    })
-                    .transpose()
+            let time = |flag: &str, v: Option<&str>| {
+                v.map(|t| {
+                    crate::report::parse_time(t, now)
+                        .map_err(|e| CliError::Usage(format!("--{flag}: {e}")))
+                })
+                .transpose()
             };
-            let (since, until) = (time("since", &since)?, time("until", &until)?);
+            let (since, until) = (
+                time("since", since.as_deref())?,
+                time("until", until.as_deref())?,
+            );
             let report = Client::new(&cli.coordinator)?
                 .report(since, until, by.as_deref())
                 .await?;
