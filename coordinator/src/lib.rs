@@ -9,4 +9,5 @@ pub mod gateway;
 pub mod http;
 pub mod loadgen;
 pub mod server;
+pub mod simulate;
 pub mod store;
