@@ -1,5 +1,7 @@
 //! `nightshift-bench`: benchmarks that need real processes.
 //!
+//! `reclaim --repeat K`: see `reclaim.rs`.
+//!
 //! `coordinator --agents N --duration S`: starts the real `nightshift-coordinator` binary (the
 //! one built next to this one) on loopback with a fresh store, queues 10,000 one-GPU jobs, then
 //! N simulated agents heartbeat once a second over real HTTP for S seconds. Agents report their
@@ -22,6 +24,8 @@ use nightshift_common::{
 };
 use serde::Serialize;
 use tokio::sync::Mutex;
+
+mod reclaim;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,6 +59,11 @@ enum Bench {
         /// Seconds between an agent's heartbeats.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
+    },
+    /// Reclaim latency against real Docker with the stand-in vLLM and the toy trainer.
+    Reclaim {
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
     },
 }
 
@@ -100,6 +109,27 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
+        Bench::Reclaim { repeat } => {
+            let r = reclaim::reclaim(repeat).await?;
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                let line = |name: &str, p: &reclaim::Percentiles| {
+                    format!(
+                        "{name:<24} p50 {:>8.0} ms  p99 {:>8.0} ms  max {:>8.0} ms\n",
+                        p.p50_ms, p.p99_ms, p.max_ms
+                    )
+                };
+                print!(
+                    "{} rounds\n{}{}{}",
+                    r.rounds,
+                    line("decision -> signalled", &r.decision_to_signal),
+                    line("signal -> gpus free", &r.signal_to_gpus_free),
+                    line("free -> serving ready", &r.free_to_serving_ready)
+                );
+            }
+            Ok(())
+        }
         Bench::Coordinator {
             agents,
             duration,
