@@ -1,6 +1,6 @@
 //! `nightshift-bench`: benchmarks that need real processes.
 //!
-//! `reclaim --repeat K`: see `reclaim.rs`.
+//! `reclaim --repeat K`: see `reclaim.rs`; `agent-footprint`: see `footprint.rs`.
 //!
 //! `coordinator --agents N --duration S`: starts the real `nightshift-coordinator` binary (the
 //! one built next to this one) on loopback with a fresh store, queues 10,000 one-GPU jobs, then
@@ -25,7 +25,38 @@ use nightshift_common::{
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+mod footprint;
 mod reclaim;
+
+/// A process's CPU seconds and resident memory, read from /proc.
+pub struct ProcStat {
+    pub at: Instant,
+    pub cpu_s: f64,
+    pub rss_mib: f64,
+}
+
+impl ProcStat {
+    pub fn read(pid: u32) -> anyhow::Result<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, s)| s)
+            .context("stat format")?;
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .context("VmRSS")?;
+        Ok(Self {
+            at: Instant::now(),
+            cpu_s: ticks / clock_ticks(),
+            rss_mib: kb / 1024.0,
+        })
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -59,6 +90,11 @@ enum Bench {
         /// Seconds between an agent's heartbeats.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
+    },
+    /// The agent's CPU and RSS, sampled once a second while it serves.
+    AgentFootprint {
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
     },
     /// Reclaim latency against real Docker with the stand-in vLLM and the toy trainer.
     Reclaim {
@@ -109,6 +145,18 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
+        Bench::AgentFootprint { seconds } => {
+            let r = footprint::footprint(seconds).await?;
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "agent over {} s: cpu mean {:.2} % max {:.2} %  rss mean {:.1} MiB max {:.1} MiB",
+                    r.seconds, r.cpu_percent_mean, r.cpu_percent_max, r.rss_mib_mean, r.rss_mib_max
+                );
+            }
+            Ok(())
+        }
         Bench::Reclaim { repeat } => {
             let r = reclaim::reclaim(repeat).await?;
             if args.output == Output::Json {
