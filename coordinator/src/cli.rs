@@ -91,6 +91,8 @@ pub enum Command {
     },
     /// Run a self-contained demonstration cluster.
     Demo,
+    /// Simulate a fleet on a traffic trace and compare lending policies.
+    Simulate(crate::simulate::SimulateArgs),
 }
 
 #[derive(Debug, PartialEq, Eq, Subcommand)]
@@ -122,6 +124,9 @@ pub enum CliError {
     #[error("{0:#}")]
     Demo(anyhow::Error),
 
+    #[error(transparent)]
+    Simulate(#[from] nightshift_sim::SimError),
+
     #[error("cannot write output: {0}")]
     Output(#[from] io::Error),
 
@@ -144,6 +149,7 @@ impl CliError {
             Self::ReadJobFile { .. }
             | Self::JobFile { .. }
             | Self::Usage(_)
+            | Self::Simulate(_)
             | Self::Client(ClientError::InvalidUrl { .. }) => 2,
             Self::Client(_) | Self::Demo(_) | Self::Output(_) => 1,
         }
@@ -271,6 +277,10 @@ async fn execute(
     let json = cli.output == OutputFormat::Json;
     match &cli.command {
         Command::Demo => return crate::demo::run(json).await.map_err(CliError::Demo),
+        Command::Simulate(args) => {
+            let report = crate::simulate::run(args)?;
+            print(out, json, &report, || report.to_table())?;
+        }
         Command::Submit { file } => {
             // Read and validate first: a bad file never costs a request.
             let spec = read_job_file(file, stdin)?;

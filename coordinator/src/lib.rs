@@ -11,4 +11,5 @@ pub mod loadgen;
 pub mod metrics;
 pub mod report;
 pub mod server;
+pub mod simulate;
 pub mod store;

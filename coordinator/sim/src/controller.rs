@@ -1,0 +1,165 @@
+//! What decides for the simulated fleet: the real decision core ([`CoreController`], the
+//! `nightshift` and `reactive` policies) or a fixed lending schedule ([`PlanController`] in
+//! `plan.rs`, the `fixed-window` and `night-20-08` baselines). Both speak the agent protocol's
+//! types, so the simulated agents cannot tell them apart.
+
+use nightshift_common::{DesiredNode, GpuInfo, Heartbeat, JobSpec, JobState, UnixMillis};
+use nightshift_core::{Core, CoreConfig, CoreSnapshot};
+
+/// The service every simulated node belongs to.
+pub const SERVICE: &str = "llm";
+
+pub trait Controller {
+    fn register(&mut self, now: UnixMillis, node: &str, gpus: Vec<GpuInfo>) -> Result<(), String>;
+    fn heartbeat(&mut self, now: UnixMillis, node: &str, beat: Heartbeat) -> Result<(), String>;
+    /// The gateway holds `waiting` requests for want of a ready replica.
+    fn gateway(&mut self, now: UnixMillis, waiting: u64);
+    fn submit(&mut self, now: UnixMillis, spec: JobSpec) -> Result<u64, String>;
+    /// Time passes; called every simulated second.
+    fn tick(&mut self, now: UnixMillis);
+    /// The version of the node's desired state, cheap to ask each second.
+    fn version(&self, node: &str) -> Option<u64>;
+    fn desired(&self, node: &str) -> Option<DesiredNode>;
+    /// Violations of the invariants the controller can check, when its state changed since
+    /// the last call.
+    fn violations(&mut self) -> Vec<String>;
+    /// The coordinator restarts: its state is rebuilt from what it persisted. Returns the
+    /// jobs lost in the restart (must be none).
+    fn restart(&mut self, now: UnixMillis) -> Vec<String>;
+}
+
+/// A hook for load prediction. The core does not take a forecast yet, so the `nightshift`
+/// policy runs with [`NoForecast`] and behaves exactly like `reactive`; the hook is where a
+/// forecast will be fed once the core accepts one.
+pub trait Forecast {
+    /// Replicas the service will need at `at`, if known.
+    fn replicas_needed(&self, at: UnixMillis) -> Option<u32>;
+}
+
+pub struct NoForecast;
+
+impl Forecast for NoForecast {
+    fn replicas_needed(&self, _at: UnixMillis) -> Option<u32> {
+        None
+    }
+}
+
+/// The real decision core, driven through its public API.
+pub struct CoreController {
+    core: Core,
+    config: CoreConfig,
+    changed: bool,
+    pub forecast: Box<dyn Forecast>,
+}
+
+impl CoreController {
+    pub fn new(config: CoreConfig, forecast: Box<dyn Forecast>) -> Self {
+        Self {
+            core: Core::new(config.clone()),
+            config,
+            changed: true,
+            forecast,
+        }
+    }
+
+    pub fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn note_effects(&mut self) {
+        if !self.core.poll_effects().is_empty() {
+            self.changed = true;
+        }
+    }
+
+    fn snapshot(&self) -> CoreSnapshot {
+        let (next_job_id, next_lease_id, next_epoch) = self.core.next_ids();
+        CoreSnapshot {
+            jobs: self.core.jobs(),
+            nodes: self
+                .core
+                .node_names()
+                .filter_map(|n| self.core.node_snapshot(n))
+                .collect(),
+            profiles: self
+                .core
+                .config()
+                .services
+                .iter()
+                .filter_map(|s| Some((s.name.clone(), self.core.profile(&s.name)?.clone())))
+                .collect(),
+            next_job_id,
+            next_lease_id,
+            next_epoch,
+        }
+    }
+}
+
+impl Controller for CoreController {
+    fn register(&mut self, now: UnixMillis, node: &str, gpus: Vec<GpuInfo>) -> Result<(), String> {
+        let r = self.core.register(now, node, SERVICE, gpus);
+        self.note_effects();
+        r.map_err(|e| e.to_string())
+    }
+
+    fn heartbeat(&mut self, now: UnixMillis, node: &str, beat: Heartbeat) -> Result<(), String> {
+        let r = self.core.heartbeat(now, node, beat);
+        self.note_effects();
+        r.map_err(|e| e.to_string())
+    }
+
+    fn gateway(&mut self, now: UnixMillis, waiting: u64) {
+        let _ = self.core.gateway(now, SERVICE, waiting);
+        self.note_effects();
+    }
+
+    fn submit(&mut self, now: UnixMillis, spec: JobSpec) -> Result<u64, String> {
+        let r = self.core.submit(now, spec);
+        self.note_effects();
+        r.map_err(|e| e.to_string())
+    }
+
+    fn tick(&mut self, now: UnixMillis) {
+        if self.core.next_deadline().is_some_and(|d| d <= now) {
+            self.core.tick(now);
+            self.note_effects();
+        }
+    }
+
+    fn version(&self, node: &str) -> Option<u64> {
+        self.core.node(node).map(|n| n.desired_version)
+    }
+
+    fn desired(&self, node: &str) -> Option<DesiredNode> {
+        self.core.desired(node)
+    }
+
+    fn violations(&mut self) -> Vec<String> {
+        if !std::mem::take(&mut self.changed) {
+            return Vec::new();
+        }
+        self.core
+            .check_invariants()
+            .into_iter()
+            .map(|v| v.to_string())
+            .collect()
+    }
+
+    fn restart(&mut self, now: UnixMillis) -> Vec<String> {
+        let snapshot = self.snapshot();
+        let before: Vec<(u64, JobState)> = snapshot.jobs.iter().map(|j| (j.id, j.state)).collect();
+        self.core = Core::restore(self.config.clone(), snapshot, now);
+        self.changed = true;
+        let after: Vec<(u64, JobState)> =
+            self.core.jobs().iter().map(|j| (j.id, j.state)).collect();
+        if before == after {
+            Vec::new()
+        } else {
+            vec![format!(
+                "coordinator restart changed the jobs: {} before, {} after",
+                before.len(),
+                after.len()
+            )]
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Faults injected on request: agent crashes, coordinator restarts and network partitions,
+//! at seeded random times, the same for every policy of a run.
+
+use crate::rng::Rng;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The agent process dies and comes back after `Lifecycle::agent_restart_s`.
+    AgentCrash,
+    /// The coordinator restarts, its core rebuilt from a snapshot.
+    CoordinatorRestart,
+    /// The node cannot reach the coordinator for `Lifecycle::partition_s`.
+    Partition,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub at_s: u64,
+    pub kind: FaultKind,
+    /// The node it hits (ignored for a coordinator restart).
+    pub node: usize,
+}
+
+/// How many faults of each kind per simulated day.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultRates {
+    pub agent_crash: u32,
+    pub coordinator_restart: u32,
+    pub partition: u32,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "bad --faults {0:?}: expected none, default, or kind=N[,kind=N] per day with kinds agent-crash, coordinator-restart, partition"
+)]
+pub struct FaultSpecError(pub String);
+
+impl FaultRates {
+    /// `none`, `default` (4 agent crashes, 2 coordinator restarts and 2 partitions a day), or
+    /// `agent-crash=N,coordinator-restart=N,partition=N` (any subset).
+    pub fn parse(spec: &str) -> Result<Self, FaultSpecError> {
+        match spec.trim() {
+            "" | "none" => return Ok(Self::default()),
+            "default" => {
+                return Ok(Self {
+                    agent_crash: 4,
+                    coordinator_restart: 2,
+                    partition: 2,
+                });
+            }
+            _ => {}
+        }
+        let mut rates = Self::default();
+        for part in spec.split(',') {
+            let (kind, n) = part
+                .split_once('=')
+                .ok_or_else(|| FaultSpecError(spec.to_owned()))?;
+            let n: u32 = n
+                .trim()
+                .parse()
+                .map_err(|_| FaultSpecError(spec.to_owned()))?;
+            match kind.trim() {
+                "agent-crash" => rates.agent_crash = n,
+                "coordinator-restart" => rates.coordinator_restart = n,
+                "partition" => rates.partition = n,
+                _ => return Err(FaultSpecError(spec.to_owned())),
+            }
+        }
+        Ok(rates)
+    }
+
+    /// The schedule for `days` days on `nodes` nodes, sorted by time.
+    pub fn schedule(&self, days: f64, nodes: usize, seed: u64) -> Vec<Fault> {
+        let mut rng = Rng::stream(seed, 11);
+        let horizon = (days * 86_400.0) as u64;
+        let mut out = Vec::new();
+        for (kind, per_day) in [
+            (FaultKind::AgentCrash, self.agent_crash),
+            (FaultKind::CoordinatorRestart, self.coordinator_restart),
+            (FaultKind::Partition, self.partition),
+        ] {
+            let n = (f64::from(per_day) * days).round() as u64;
+            for _ in 0..n {
+                out.push(Fault {
+                    at_s: rng.below(horizon.max(1)),
+                    kind,
+                    node: rng.below(nodes.max(1) as u64) as usize,
+                });
+            }
+        }
+        out.sort_by_key(|f| (f.at_s, f.node));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_specs_and_refuses_junk() {
+        assert_eq!(FaultRates::parse("none"), Ok(FaultRates::default()));
+        let r = FaultRates::parse("agent-crash=3,partition=1").unwrap();
+        assert_eq!(
+            (r.agent_crash, r.coordinator_restart, r.partition),
+            (3, 0, 1)
+        );
+        assert!(FaultRates::parse("meteor=1").is_err());
+        let s = FaultRates::parse("default").unwrap().schedule(2.0, 4, 1);
+        assert_eq!(s.len(), 16);
+        assert!(s.windows(2).all(|w| w[0].at_s <= w[1].at_s));
+    }
+}

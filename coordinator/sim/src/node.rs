@@ -1,0 +1,431 @@
+//! A simulated GPU host: its agent, its vLLM replica and its job containers, each a timed
+//! state machine that follows the desired state the way the real agent orders things (drain
+//! before jobs, jobs stopped before serving, fencing epochs honoured per GPU, service first
+//! when the coordinator is unreachable past the lease TTL).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nightshift_common::{
+    DesiredNode, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, ReplicaState, ReplicaStatus,
+    ServingSignals, UnixMillis,
+};
+
+use crate::backlog::SimJob;
+use crate::ledger::Ledger;
+use crate::model::Lifecycle;
+
+/// The replica's phase; `until` is when a timed phase ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Serving,
+    Draining { until: UnixMillis },
+    Releasing { until: UnixMillis },
+    Released,
+    Starting { until: UnixMillis },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// Leased, waiting for the GPUs to be free.
+    Pending,
+    Running {
+        started_at: UnixMillis,
+    },
+    /// Signalled at `signalled_at`; exits at `until`.
+    Stopping {
+        started_at: UnixMillis,
+        signalled_at: UnixMillis,
+        until: UnixMillis,
+    },
+    Exited {
+        exit_code: i64,
+        by_agent: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub lease_id: u64,
+    pub epoch: u64,
+    pub job_id: u64,
+    pub attempt: u32,
+    pub gpus: Vec<u32>,
+    pub state: RunState,
+    /// The exit has been reported in a heartbeat.
+    pub reported: bool,
+}
+
+impl Run {
+    fn live(&self) -> bool {
+        !matches!(self.state, RunState::Pending | RunState::Exited { .. })
+    }
+}
+
+/// Why the agent cannot talk to the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    /// The agent process is down until then: nothing is reconciled, containers run on.
+    Crashed { until: UnixMillis },
+    /// The agent runs but cannot reach the coordinator until then.
+    Partitioned { until: UnixMillis },
+}
+
+#[derive(Debug, Clone)]
+pub struct SimNode {
+    pub name: String,
+    pub gpus: u32,
+    pub phase: Phase,
+    pub runs: Vec<Run>,
+    /// The last desired state received, and when a heartbeat was last answered.
+    pub desired: Option<DesiredNode>,
+    pub last_renewed: UnixMillis,
+    pub outage: Option<Outage>,
+    /// Highest lease epoch honoured per GPU.
+    pub fenced: BTreeMap<u32, u64>,
+    /// What the fleet last measured on this replica (per ready replica).
+    pub signals: ServingSignals,
+}
+
+/// The world a node acts in during one step.
+pub struct StepCtx<'a> {
+    pub now: UnixMillis,
+    pub lifecycle: &'a Lifecycle,
+    /// Mean time in-flight requests need to finish, ms.
+    pub drain_ms: u64,
+    pub jobs: &'a mut BTreeMap<u64, SimJob>,
+    pub ledger: &'a mut Ledger,
+}
+
+impl SimNode {
+    pub fn new(name: &str, gpus: u32, now: UnixMillis) -> Self {
+        Self {
+            name: name.to_owned(),
+            gpus,
+            phase: Phase::Serving,
+            runs: Vec::new(),
+            desired: None,
+            last_renewed: now,
+            outage: None,
+            fenced: BTreeMap::new(),
+            signals: ServingSignals::default(),
+        }
+    }
+
+    pub fn inventory(&self) -> Vec<GpuInfo> {
+        (0..self.gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{}-{i}", self.name),
+                name: "sim-h100".into(),
+                memory_total_bytes: 80 << 30,
+            })
+            .collect()
+    }
+
+    pub fn ready(&self) -> bool {
+        self.phase == Phase::Serving
+    }
+
+    /// The replica holds its GPUs in every phase but `Released`.
+    pub fn replica_holds_gpus(&self) -> bool {
+        self.phase != Phase::Released
+    }
+
+    pub fn reachable(&self) -> bool {
+        self.outage.is_none()
+    }
+
+    pub fn crashed(&self) -> bool {
+        matches!(self.outage, Some(Outage::Crashed { .. }))
+    }
+
+    /// Ends outages whose time is up; true when the agent came back from a crash (and must
+    /// register again).
+    pub fn heal(&mut self, now: UnixMillis) -> bool {
+        match self.outage {
+            Some(Outage::Crashed { until }) if now >= until => {
+                self.outage = None;
+                true
+            }
+            Some(Outage::Partitioned { until }) if now >= until => {
+                self.outage = None;
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// One second of the host: containers progress, then the agent reconciles (unless down).
+    pub fn step(&mut self, ctx: &mut StepCtx<'_>) {
+        self.progress_jobs(ctx);
+        if self.crashed() {
+            return;
+        }
+        let now = ctx.now;
+        let ttl_ok = self
+            .desired
+            .as_ref()
+            .is_some_and(|d| now < self.last_renewed + d.lease_ttl_ms);
+        // Service first: past the lease TTL without the coordinator, serve with no jobs.
+        let (serve, leases) = match &self.desired {
+            Some(d) if ttl_ok || self.reachable() => {
+                let leases: Vec<_> = d
+                    .leases
+                    .iter()
+                    .filter(|l| {
+                        l.gpus
+                            .iter()
+                            .all(|g| self.fenced.get(g).is_none_or(|&e| l.epoch >= e))
+                    })
+                    .map(|l| (l.lease_id, l.epoch, l.job_id, l.attempt, l.gpus.clone()))
+                    .collect();
+                (d.serve, leases)
+            }
+            _ => (true, Vec::new()),
+        };
+        let leased: BTreeSet<u64> = leases.iter().map(|l| l.0).collect();
+
+        // Forget reported exits and never-started runs whose lease is gone.
+        self.runs.retain(|r| {
+            leased.contains(&r.lease_id)
+                || match r.state {
+                    RunState::Pending => false,
+                    RunState::Exited { .. } => !r.reported,
+                    _ => true,
+                }
+        });
+        // Signal the jobs that lost their lease.
+        for r in &mut self.runs {
+            if let RunState::Running { started_at } = r.state
+                && !leased.contains(&r.lease_id)
+            {
+                let save = ctx.lifecycle.checkpoint_save_s * 1_000;
+                r.state = RunState::Stopping {
+                    started_at,
+                    signalled_at: now,
+                    until: now + save.max(1_000),
+                };
+            }
+        }
+        let jobs_live = self.runs.iter().any(Run::live);
+
+        if serve && leases.is_empty() {
+            self.phase = match self.phase {
+                Phase::Serving | Phase::Draining { .. } => Phase::Serving,
+                Phase::Releasing { until } if now >= until => Phase::Released,
+                p @ Phase::Releasing { .. } => p,
+                Phase::Released if jobs_live => Phase::Released,
+                Phase::Released => Phase::Starting {
+                    until: now + ctx.lifecycle.start_s() * 1_000,
+                },
+                Phase::Starting { until } if now >= until => Phase::Serving,
+                p @ Phase::Starting { .. } => p,
+            };
+            return;
+        }
+        self.phase = match self.phase {
+            Phase::Serving => Phase::Draining {
+                until: now + ctx.drain_ms.min(ctx.lifecycle.drain_timeout_s * 1_000),
+            },
+            Phase::Draining { until } | Phase::Starting { until } if now < until => self.phase,
+            Phase::Draining { .. } | Phase::Starting { .. } => Phase::Releasing {
+                until: now + ctx.lifecycle.release_s() * 1_000,
+            },
+            Phase::Releasing { until } if now >= until => Phase::Released,
+            p => p,
+        };
+        // A starting replica being lent again is stopped at once, not left to finish.
+        if let Phase::Starting { .. } = self.phase {
+            self.phase = Phase::Releasing {
+                until: now + ctx.lifecycle.stop_s * 1_000,
+            };
+        }
+        for (lease_id, epoch, job_id, attempt, gpus) in leases {
+            if !self.runs.iter().any(|r| r.lease_id == lease_id) {
+                self.runs.push(Run {
+                    lease_id,
+                    epoch,
+                    job_id,
+                    attempt,
+                    gpus,
+                    state: RunState::Pending,
+                    reported: false,
+                });
+            }
+        }
+        if self.phase != Phase::Released {
+            return;
+        }
+        let mut busy: BTreeSet<u32> = self
+            .runs
+            .iter()
+            .filter(|r| r.live())
+            .flat_map(|r| r.gpus.iter().copied())
+            .collect();
+        for r in &mut self.runs {
+            if r.state == RunState::Pending && r.gpus.iter().all(|g| !busy.contains(g)) {
+                busy.extend(r.gpus.iter().copied());
+                for g in &r.gpus {
+                    self.fenced.insert(*g, r.epoch);
+                }
+                r.state = RunState::Running { started_at: now };
+            }
+        }
+    }
+
+    /// Jobs finish their work; signalled jobs exit when their checkpoint is saved.
+    fn progress_jobs(&mut self, ctx: &mut StepCtx<'_>) {
+        let now = ctx.now;
+        for r in &mut self.runs {
+            let Some(job) = ctx.jobs.get_mut(&r.job_id) else {
+                continue;
+            };
+            match r.state {
+                RunState::Running { started_at }
+                    if now >= started_at + job.startup_ms + job.remaining_ms() =>
+                {
+                    ctx.ledger.finish(job, &r.gpus, started_at, now);
+                    r.state = RunState::Exited {
+                        exit_code: 0,
+                        by_agent: false,
+                    };
+                    r.reported = false;
+                }
+                RunState::Stopping {
+                    started_at,
+                    signalled_at,
+                    until,
+                } if now >= until => {
+                    ctx.ledger
+                        .preempt(job, &r.gpus, started_at, signalled_at, now);
+                    r.state = RunState::Exited {
+                        exit_code: 143,
+                        by_agent: true,
+                    };
+                    r.reported = false;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// What the agent reports; marks exits as reported.
+    pub fn heartbeat(&mut self) -> Heartbeat {
+        let replica_busy = self.replica_holds_gpus();
+        let busy: BTreeSet<u32> = self
+            .runs
+            .iter()
+            .filter(|r| r.live())
+            .flat_map(|r| r.gpus.iter().copied())
+            .collect();
+        let state = match self.phase {
+            Phase::Serving => ReplicaState::Serving,
+            Phase::Draining { .. } | Phase::Releasing { .. } => ReplicaState::Draining,
+            Phase::Released => ReplicaState::Stopped,
+            Phase::Starting { .. } => ReplicaState::Starting,
+        };
+        let signals = if self.ready() {
+            self.signals.clone()
+        } else {
+            ServingSignals::default()
+        };
+        let jobs = self
+            .runs
+            .iter_mut()
+            .map(|r| {
+                r.reported = true;
+                JobRun {
+                    job_id: r.job_id,
+                    attempt: r.attempt,
+                    lease_id: r.lease_id,
+                    epoch: r.epoch,
+                    gpus: r.gpus.clone(),
+                    state: match r.state {
+                        RunState::Pending => JobRunState::Pending,
+                        RunState::Running { .. } => JobRunState::Running,
+                        RunState::Stopping { .. } => JobRunState::Stopping,
+                        RunState::Exited {
+                            exit_code,
+                            by_agent,
+                        } => JobRunState::Exited {
+                            exit_code,
+                            stopped_by_agent: by_agent,
+                        },
+                    },
+                    last_checkpoint_at: None,
+                    outputs: BTreeMap::new(),
+                }
+            })
+            .collect();
+        Heartbeat {
+            gpus: (0..self.gpus)
+                .map(|i| GpuStatus {
+                    index: i,
+                    memory_used_bytes: if replica_busy || busy.contains(&i) {
+                        70 << 30
+                    } else {
+                        0
+                    },
+                    healthy: true,
+                })
+                .collect(),
+            replica: ReplicaStatus {
+                state,
+                signals,
+                url: None,
+            },
+            jobs,
+            applied_version: self.desired.as_ref().map_or(0, |d| d.version),
+            phases: Vec::new(),
+        }
+    }
+
+    /// One owner per GPU on the host itself: no job runs while the replica holds the GPUs,
+    /// and no two live jobs share one.
+    pub fn check_owners(&self) -> Result<(), String> {
+        let mut seen: BTreeMap<u32, u64> = BTreeMap::new();
+        for r in self.runs.iter().filter(|r| r.live()) {
+            if self.replica_holds_gpus() {
+                return Err(format!(
+                    "node {}: job {} runs while the replica holds the gpus ({:?})",
+                    self.name, r.job_id, self.phase
+                ));
+            }
+            for g in &r.gpus {
+                if let Some(other) = seen.insert(*g, r.lease_id) {
+                    return Err(format!(
+                        "node {} gpu {g}: leases {other} and {}",
+                        self.name, r.lease_id
+                    ));
+                }
+                if self.fenced.get(g).is_some_and(|&e| r.epoch < e) {
+                    return Err(format!(
+                        "node {} gpu {g}: lease {} runs under stale epoch {}",
+                        self.name, r.lease_id, r.epoch
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Jobs still running when the simulation ends are counted as if checkpointed now.
+    pub fn finish_accounting(
+        &mut self,
+        now: UnixMillis,
+        jobs: &BTreeMap<u64, SimJob>,
+        ledger: &mut Ledger,
+    ) {
+        for r in &self.runs {
+            let started = match r.state {
+                RunState::Running { started_at } | RunState::Stopping { started_at, .. } => {
+                    started_at
+                }
+                _ => continue,
+            };
+            if let Some(job) = jobs.get(&r.job_id) {
+                ledger.truncate(job, &r.gpus, started, now);
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The baselines' controller: a fixed daily lending window. Inside the window the last
+//! `lent` nodes are lent whatever the load; outside it every node serves. Queued jobs are
+//! placed FIFO on the lent nodes' free GPUs (fewest free first), and a node leaving the
+//! window has its leases revoked, as the core does on reclaim.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use nightshift_common::{
+    DesiredNode, GpuInfo, Heartbeat, JobRunState, JobSpec, LeaseGrant, UnixMillis,
+};
+
+use crate::controller::Controller;
+
+/// Every day, `lent` nodes are lent from `start_s` to `end_s` (seconds after midnight; a
+/// window may wrap past midnight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start_s: u64,
+    pub end_s: u64,
+    pub lent: u32,
+}
+
+impl Window {
+    pub fn contains(&self, second_of_day: u64) -> bool {
+        if self.start_s <= self.end_s {
+            (self.start_s..self.end_s).contains(&second_of_day)
+        } else {
+            second_of_day >= self.start_s || second_of_day < self.end_s
+        }
+    }
+
+    pub fn hours(&self) -> f64 {
+        let len = if self.start_s <= self.end_s {
+            self.end_s - self.start_s
+        } else {
+            86_400 - self.start_s + self.end_s
+        };
+        len as f64 / 3_600.0
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PlanLease {
+    id: u64,
+    epoch: u64,
+    job: u64,
+    node: String,
+    gpus: Vec<u32>,
+    revoked: bool,
+}
+
+pub struct PlanController {
+    window: Window,
+    /// Trace time 0 in the simulation's clock.
+    origin: UnixMillis,
+    lease_ttl_ms: u64,
+    nodes: Vec<(String, u32)>,
+    versions: BTreeMap<String, u64>,
+    lent: BTreeMap<String, bool>,
+    specs: BTreeMap<u64, (JobSpec, u32)>,
+    queue: VecDeque<u64>,
+    leases: BTreeMap<u64, PlanLease>,
+    next_job: u64,
+    next_lease: u64,
+    changed: bool,
+}
+
+impl PlanController {
+    pub fn new(window: Window, origin: UnixMillis, lease_ttl_ms: u64) -> Self {
+        Self {
+            window,
+            origin,
+            lease_ttl_ms,
+            nodes: Vec::new(),
+            versions: BTreeMap::new(),
+            lent: BTreeMap::new(),
+            specs: BTreeMap::new(),
+            queue: VecDeque::new(),
+            leases: BTreeMap::new(),
+            next_job: 1,
+            next_lease: 1,
+            changed: true,
+        }
+    }
+
+    fn bump(&mut self, node: &str) {
+        if let Some(v) = self.versions.get_mut(node) {
+            *v += 1;
+        }
+        self.changed = true;
+    }
+
+    fn free_gpus(&self, node: &str, count: u32) -> Vec<u32> {
+        let held: Vec<u32> = self
+            .leases
+            .values()
+            .filter(|l| l.node == node)
+            .flat_map(|l| l.gpus.iter().copied())
+            .collect();
+        (0..count).filter(|g| !held.contains(g)).collect()
+    }
+
+    fn place(&mut self, _now: UnixMillis) {
+        while let Some(&job) = self.queue.front() {
+            let Some(need) = self.specs.get(&job).map(|(s, _)| s.gpus as usize) else {
+                self.queue.pop_front();
+                continue;
+            };
+            let best = self
+                .nodes
+                .iter()
+                .filter(|(n, _)| self.lent.get(n).copied().unwrap_or(false))
+                .map(|(n, g)| (self.free_gpus(n, *g), n.clone()))
+                .filter(|(free, _)| free.len() >= need)
+                .min_by_key(|(free, n)| (free.len(), n.clone()));
+            let Some((free, node)) = best else {
+                break;
+            };
+            self.queue.pop_front();
+            let id = self.next_lease;
+            self.next_lease += 1;
+            self.leases.insert(
+                id,
+                PlanLease {
+                    id,
+                    epoch: id,
+                    job,
+                    node: node.clone(),
+                    gpus: free.into_iter().take(need).collect(),
+                    revoked: false,
+                },
+            );
+            if let Some((_, attempt)) = self.specs.get_mut(&job) {
+                *attempt += 1;
+            }
+            self.bump(&node);
+        }
+    }
+}
+
+impl Controller for PlanController {
+    fn register(&mut self, _now: UnixMillis, node: &str, gpus: Vec<GpuInfo>) -> Result<(), String> {
+        if !self.nodes.iter().any(|(n, _)| n == node) {
+            self.nodes.push((node.to_owned(), gpus.len() as u32));
+            self.nodes.sort();
+            self.versions.insert(node.to_owned(), 1);
+            self.lent.insert(node.to_owned(), false);
+        }
+        Ok(())
+    }
+
+    fn heartbeat(&mut self, _now: UnixMillis, node: &str, beat: Heartbeat) -> Result<(), String> {
+        let ids: Vec<u64> = self
+            .leases
+            .values()
+            .filter(|l| l.node == node)
+            .map(|l| l.id)
+            .collect();
+        for id in ids {
+            let Some(lease) = self.leases.get(&id).cloned() else {
+                continue;
+            };
+            let run = beat.jobs.iter().find(|r| r.lease_id == id);
+            let outcome = match run.map(|r| &r.state) {
+                Some(JobRunState::Exited {
+                    exit_code: 0,
+                    stopped_by_agent: false,
+                }) => Some(false),
+                Some(JobRunState::Exited { .. } | JobRunState::FailedToStart { .. }) => Some(true),
+                None if lease.revoked => Some(true),
+                _ => None,
+            };
+            if let Some(requeue) = outcome {
+                self.leases.remove(&id);
+                if requeue {
+                    self.queue.push_front(lease.job);
+                }
+                self.bump(node);
+            }
+        }
+        Ok(())
+    }
+
+    fn gateway(&mut self, _now: UnixMillis, _waiting: u64) {}
+
+    fn submit(&mut self, _now: UnixMillis, spec: JobSpec) -> Result<u64, String> {
+        let id = self.next_job;
+        self.next_job += 1;
+        self.specs.insert(id, (spec, 0));
+        self.queue.push_back(id);
+        Ok(id)
+    }
+
+    fn tick(&mut self, now: UnixMillis) {
+        let second_of_day = now.saturating_sub(self.origin) / 1_000 % 86_400;
+        let lend = if self.window.contains(second_of_day) {
+            self.window.lent as usize
+        } else {
+            0
+        };
+        let first_lent = self.nodes.len().saturating_sub(lend);
+        let names: Vec<String> = self.nodes.iter().map(|(n, _)| n.clone()).collect();
+        for (i, node) in names.iter().enumerate() {
+            let want = i >= first_lent;
+            if self.lent.get(node).copied() != Some(want) {
+                self.lent.insert(node.clone(), want);
+                for l in self.leases.values_mut().filter(|l| &l.node == node) {
+                    l.revoked = true;
+                }
+                self.bump(node);
+            }
+        }
+        self.place(now);
+    }
+
+    fn version(&self, node: &str) -> Option<u64> {
+        self.versions.get(node).copied()
+    }
+
+    fn desired(&self, node: &str) -> Option<DesiredNode> {
+        let version = *self.versions.get(node)?;
+        let leases = self
+            .leases
+            .values()
+            .filter(|l| l.node == node && !l.revoked)
+            .filter_map(|l| {
+                let (spec, attempt) = self.specs.get(&l.job)?;
+                Some(LeaseGrant {
+                    lease_id: l.id,
+                    epoch: l.epoch,
+                    job_id: l.job,
+                    attempt: *attempt,
+                    gpus: l.gpus.clone(),
+                    job: spec.clone(),
+                    rendezvous: None,
+                })
+            })
+            .collect();
+        Some(DesiredNode {
+            version,
+            serve: !self.lent.get(node).copied().unwrap_or(false),
+            leases,
+            lease_ttl_ms: self.lease_ttl_ms,
+        })
+    }
+
+    fn violations(&mut self) -> Vec<String> {
+        if !std::mem::take(&mut self.changed) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut owner: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for l in self.leases.values() {
+            for g in &l.gpus {
+                if let Some(first) = owner.insert((&l.node, *g), l.id) {
+                    out.push(format!(
+                        "node {} gpu {g}: leases {first} and {}",
+                        l.node, l.id
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn restart(&mut self, _now: UnixMillis) -> Vec<String> {
+        // The schedule keeps its whole state durable; a restart changes nothing.
+        Vec::new()
+    }
+}

@@ -1,0 +1,186 @@
+//! The figures a run reports per policy, as defined in docs/SIMULATOR.md, and their table
+//! and JSON forms.
+
+use serde::Serialize;
+
+use crate::plan::Window;
+use crate::world::Outcome;
+
+/// One policy's figures. The first ten fields are the contract; the rest explain them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyResult {
+    pub name: String,
+    pub harvested_gpu_hours: f64,
+    pub useful_gpu_hours: f64,
+    pub oracle_gpu_hours: f64,
+    pub harvest_ratio: f64,
+    pub slo_violation_minutes: u64,
+    pub preemptions: u64,
+    pub lost_gpu_hours: f64,
+    pub equivalent_gpus: f64,
+    pub savings: f64,
+    pub capacity_minutes: u64,
+    pub queue_wait_minutes: u64,
+    pub slo_violation_minutes_per_day: Vec<u64>,
+    pub jobs_completed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    pub invariant_violations: u64,
+    pub invariant_examples: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What the whole run was.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunInfo {
+    pub trace: String,
+    pub days: f64,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub peak_replicas: u32,
+    pub seed: u64,
+    pub faults: u64,
+    pub scale: f64,
+    pub requests: u64,
+    pub replica_capacity_rps: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub run: RunInfo,
+    pub policies: Vec<PolicyResult>,
+}
+
+fn round(x: f64, places: i32) -> f64 {
+    let f = 10f64.powi(places);
+    (x * f).round() / f
+}
+
+const MS_PER_HOUR: f64 = 3_600_000.0;
+
+pub struct Figures {
+    pub oracle_gpu_hours: f64,
+    pub days: f64,
+    pub gpu_hour_price: f64,
+}
+
+impl Figures {
+    pub fn policy(&self, name: &str, o: &Outcome, window: Option<Window>) -> PolicyResult {
+        let l = &o.ledger;
+        let harvested = l.harvested_gpu_ms as f64 / MS_PER_HOUR;
+        let useful = l.useful_gpu_ms as f64 / MS_PER_HOUR;
+        let lost = l.lost_gpu_ms as f64 / MS_PER_HOUR;
+        self.result(name, harvested, useful, lost, o, window)
+    }
+
+    pub fn result(
+        &self,
+        name: &str,
+        harvested: f64,
+        useful: f64,
+        lost: f64,
+        o: &Outcome,
+        window: Option<Window>,
+    ) -> PolicyResult {
+        let ratio = if self.oracle_gpu_hours > 0.0 {
+            useful / self.oracle_gpu_hours
+        } else {
+            0.0
+        };
+        PolicyResult {
+            name: name.to_owned(),
+            harvested_gpu_hours: round(harvested, 2),
+            useful_gpu_hours: round(useful, 2),
+            oracle_gpu_hours: round(self.oracle_gpu_hours, 2),
+            harvest_ratio: round(ratio, 4),
+            slo_violation_minutes: o.slo_violation_minutes,
+            preemptions: o.ledger.preemptions,
+            lost_gpu_hours: round(lost, 2),
+            equivalent_gpus: round(useful / (self.days * 24.0), 2),
+            savings: round(useful * self.gpu_hour_price, 2),
+            capacity_minutes: o.capacity_minutes,
+            queue_wait_minutes: o.queue_wait_minutes,
+            slo_violation_minutes_per_day: o.slo_minutes_per_day.clone(),
+            jobs_completed: o.ledger.completed,
+            window: window.map(|w| {
+                format!(
+                    "{:02}:{:02}-{:02}:{:02} lending {}",
+                    w.start_s / 3_600,
+                    w.start_s % 3_600 / 60,
+                    w.end_s / 3_600,
+                    w.end_s % 3_600 / 60,
+                    w.lent
+                )
+            }),
+            invariant_violations: o.violation_count,
+            invariant_examples: o.violations.clone(),
+            note: None,
+        }
+    }
+}
+
+impl Report {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    pub fn to_table(&self) -> String {
+        let r = &self.run;
+        let mut s = format!(
+            "trace {} · {} days · {} nodes × {} GPUs · peak {} replicas (scale {:.4}, {} requests) · seed {} · {} faults\n\n",
+            r.trace,
+            r.days,
+            r.nodes,
+            r.gpus_per_node,
+            r.peak_replicas,
+            r.scale,
+            r.requests,
+            r.seed,
+            r.faults
+        );
+        s.push_str(&format!(
+            "{:<13} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}\n",
+            "POLICY",
+            "HARVESTED",
+            "USEFUL",
+            "ORACLE",
+            "RATIO",
+            "SLO-MIN",
+            "PREEMPT",
+            "LOST",
+            "EQ-GPUS",
+            "SAVINGS",
+            "INVAR"
+        ));
+        for p in &self.policies {
+            s.push_str(&format!(
+                "{:<13} {:>10.1} {:>10.1} {:>10.1} {:>7.3} {:>8} {:>8} {:>8.1} {:>8.1} {:>10.0} {:>6}\n",
+                p.name,
+                p.harvested_gpu_hours,
+                p.useful_gpu_hours,
+                p.oracle_gpu_hours,
+                p.harvest_ratio,
+                p.slo_violation_minutes,
+                p.preemptions,
+                p.lost_gpu_hours,
+                p.equivalent_gpus,
+                p.savings,
+                p.invariant_violations
+            ));
+        }
+        for p in &self.policies {
+            if let Some(w) = &p.window {
+                s.push_str(&format!("\n{}: {w}", p.name));
+            }
+            if let Some(n) = &p.note {
+                s.push_str(&format!("\n{}: {n}", p.name));
+            }
+            for v in &p.invariant_examples {
+                s.push_str(&format!("\n{}: invariant: {v}", p.name));
+            }
+        }
+        s.push('\n');
+        s
+    }
+}

@@ -1,0 +1,323 @@
+//! Traffic traces and their loaders: a ServeGen folder of per-client 10-minute windows, the
+//! Azure LLM inference 2023 CSV, the Mooncake JSONL and a plain `(timestamp, rate)` CSV.
+//!
+//! Files are read at run time from wherever the caller points (the shared `traces/` folder);
+//! nothing is copied into the repository. Time 0 of a trace is midnight of its first day.
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{0}: no data")]
+    Empty(PathBuf),
+    #[error(
+        "unknown trace source {0:?}: expected servegen:DIR, azure:FILE, mooncake:FILE or csv:FILE"
+    )]
+    UnknownSource(String),
+}
+
+/// The law of inter-arrival times inside one window, as ServeGen fitted it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Interarrival {
+    /// Exponential (a Poisson process).
+    Poisson,
+    Gamma {
+        shape: f64,
+    },
+    Weibull {
+        shape: f64,
+    },
+}
+
+/// One client's load during one window: a mean rate and the shape of its inter-arrivals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub start_s: u64,
+    pub rate: f64,
+    pub law: Interarrival,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TraceData {
+    /// Per-client windows of `window_s` seconds (ServeGen).
+    Windows {
+        window_s: u64,
+        clients: Vec<Vec<Window>>,
+    },
+    /// One arrival time (seconds from the start) per request, sorted (Azure, Mooncake).
+    Requests(Vec<f64>),
+    /// A step function of `(start_s, requests per second)`, Poisson inside each step.
+    Rates(Vec<(f64, f64)>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    pub name: String,
+    /// How long the trace covers, in seconds.
+    pub span_s: u64,
+    pub data: TraceData,
+}
+
+impl Trace {
+    /// Parses `kind:path` (`servegen:DIR`, `azure:FILE`, `mooncake:FILE`, `csv:FILE`).
+    pub fn load(source: &str) -> Result<Self, TraceError> {
+        let (kind, path) = source
+            .split_once(':')
+            .ok_or_else(|| TraceError::UnknownSource(source.to_owned()))?;
+        let path = Path::new(path);
+        match kind {
+            "servegen" => load_servegen(path),
+            "azure" => load_azure(path),
+            "mooncake" => load_mooncake(path),
+            "csv" => load_rates(path),
+            _ => Err(TraceError::UnknownSource(source.to_owned())),
+        }
+    }
+
+    /// The highest mean request rate over any `window_s`-second window (10 minutes for the
+    /// scaling rule: the peak that `--peak-replicas` refers to).
+    pub fn peak_rate(&self, window_s: u64) -> f64 {
+        match &self.data {
+            TraceData::Windows {
+                window_s: w,
+                clients,
+            } => {
+                let n = (self.span_s / w) as usize;
+                let mut sum = vec![0.0; n.max(1)];
+                for c in clients {
+                    for win in c {
+                        if let Some(s) = sum.get_mut((win.start_s / w) as usize) {
+                            *s += win.rate;
+                        }
+                    }
+                }
+                sum.into_iter().fold(0.0, f64::max)
+            }
+            TraceData::Requests(times) => {
+                let n = (self.span_s / window_s + 1) as usize;
+                let mut count = vec![0u64; n];
+                for t in times {
+                    if let Some(c) = count.get_mut((*t as u64 / window_s) as usize) {
+                        *c += 1;
+                    }
+                }
+                count.into_iter().max().unwrap_or(0) as f64 / window_s as f64
+            }
+            TraceData::Rates(points) => points.iter().map(|p| p.1).fold(0.0, f64::max),
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, TraceError> {
+    std::fs::read_to_string(path).map_err(|source| TraceError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn parse_err(path: &Path, line: usize, message: impl Into<String>) -> TraceError {
+    TraceError::Parse {
+        path: path.to_owned(),
+        line: line + 1,
+        message: message.into(),
+    }
+}
+
+fn num(path: &Path, line: usize, field: &str, text: &str) -> Result<f64, TraceError> {
+    text.trim()
+        .parse::<f64>()
+        .map_err(|_| parse_err(path, line, format!("{field}: {text:?} is not a number")))
+}
+
+/// A ServeGen folder: `chunk-<client>-trace.csv` files without header, each row
+/// `window_start_s,rate,cv,pattern,shape,scale`; an empty pattern is an idle window.
+pub fn load_servegen(dir: &Path) -> Result<Trace, TraceError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| TraceError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("chunk-") && n.ends_with("-trace.csv"))
+        })
+        .collect();
+    // Sorted by client number, so that the random streams do not depend on directory order.
+    files.sort_by_key(|p| {
+        let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let id = n
+            .trim_start_matches("chunk-")
+            .trim_end_matches("-trace.csv");
+        (id.parse::<u64>().unwrap_or(u64::MAX), n.to_owned())
+    });
+    if files.is_empty() {
+        return Err(TraceError::Empty(dir.to_owned()));
+    }
+    let mut clients = Vec::with_capacity(files.len());
+    let mut span_s = 0;
+    let mut window_s = 600;
+    for file in &files {
+        let text = read(file)?;
+        let mut windows = Vec::new();
+        for (i, row) in text.lines().enumerate() {
+            if row.trim().is_empty() {
+                continue;
+            }
+            let f: Vec<&str> = row.split(',').collect();
+            if f.len() < 6 {
+                return Err(parse_err(file, i, "expected 6 fields"));
+            }
+            let start = num(file, i, "window_start", f[0])? as u64;
+            let rate = num(file, i, "rate", f[1])?;
+            let law = match f[3].trim() {
+                "" => continue,
+                "Gamma" => Interarrival::Gamma {
+                    shape: num(file, i, "shape", f[4])?,
+                },
+                "Weibull" => Interarrival::Weibull {
+                    shape: num(file, i, "shape", f[4])?,
+                },
+                "Exponential" | "Poisson" => Interarrival::Poisson,
+                other => return Err(parse_err(file, i, format!("unknown pattern {other:?}"))),
+            };
+            if rate <= 0.0 {
+                continue;
+            }
+            windows.push(Window {
+                start_s: start,
+                rate,
+                law,
+            });
+        }
+        let starts: Vec<u64> = text
+            .lines()
+            .filter_map(|l| l.split(',').next()?.trim().parse::<u64>().ok())
+            .collect();
+        if let [a, b, ..] = starts[..] {
+            window_s = b.saturating_sub(a).max(1);
+        }
+        if let Some(last) = starts.last() {
+            span_s = span_s.max(last + window_s);
+        }
+        clients.push(windows);
+    }
+    Ok(Trace {
+        name: format!("servegen:{}", dir.display()),
+        span_s,
+        data: TraceData::Windows { window_s, clients },
+    })
+}
+
+/// Azure LLM inference 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps like
+/// `2023-11-16 18:17:03.9799600`. Arrival times are taken relative to midnight of the first.
+pub fn load_azure(path: &Path) -> Result<Trace, TraceError> {
+    let text = read(path)?;
+    let mut times = Vec::new();
+    for (i, row) in text.lines().enumerate().skip(1) {
+        let Some(ts) = row.split(',').next().filter(|t| !t.trim().is_empty()) else {
+            continue;
+        };
+        let clock = ts
+            .trim()
+            .split_once(' ')
+            .map(|(_, c)| c)
+            .ok_or_else(|| parse_err(path, i, format!("timestamp {ts:?}")))?;
+        let parts: Vec<&str> = clock.split(':').collect();
+        if parts.len() != 3 {
+            return Err(parse_err(path, i, format!("timestamp {ts:?}")));
+        }
+        let s = num(path, i, "hour", parts[0])? * 3600.0
+            + num(path, i, "minute", parts[1])? * 60.0
+            + num(path, i, "second", parts[2])?;
+        times.push(s);
+    }
+    requests(path, times)
+}
+
+/// Mooncake: one JSON object per line with `timestamp` in milliseconds from the start.
+pub fn load_mooncake(path: &Path) -> Result<Trace, TraceError> {
+    let text = read(path)?;
+    let mut times = Vec::new();
+    for (i, row) in text.lines().enumerate() {
+        if row.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(row).map_err(|e| parse_err(path, i, e.to_string()))?;
+        let ms = v
+            .get("timestamp")
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| parse_err(path, i, "no numeric timestamp"))?;
+        times.push(ms / 1000.0);
+    }
+    requests(path, times)
+}
+
+fn requests(path: &Path, mut times: Vec<f64>) -> Result<Trace, TraceError> {
+    if times.is_empty() {
+        return Err(TraceError::Empty(path.to_owned()));
+    }
+    times.sort_by(f64::total_cmp);
+    let first = times[0];
+    // Keep the time of day when the trace carries one (Azure); Mooncake starts at 0.
+    let day_start = (first / 86_400.0).floor() * 86_400.0;
+    for t in &mut times {
+        *t -= day_start;
+    }
+    let span_s = times.last().map_or(0, |t| *t as u64 + 1);
+    Ok(Trace {
+        name: path.display().to_string(),
+        span_s,
+        data: TraceData::Requests(times),
+    })
+}
+
+/// A plain CSV of `timestamp_s,rate` (requests per second from that time on); a header row
+/// and `#` comments are skipped.
+pub fn load_rates(path: &Path) -> Result<Trace, TraceError> {
+    let text = read(path)?;
+    let mut points = Vec::new();
+    for (i, row) in text.lines().enumerate() {
+        let row = row.trim();
+        if row.is_empty() || row.starts_with('#') {
+            continue;
+        }
+        let Some((t, r)) = row.split_once(',') else {
+            return Err(parse_err(path, i, "expected timestamp,rate"));
+        };
+        if i == 0 && t.trim().parse::<f64>().is_err() {
+            continue;
+        }
+        let (t, r) = (num(path, i, "timestamp", t)?, num(path, i, "rate", r)?);
+        if r < 0.0 {
+            return Err(parse_err(path, i, "rate is negative"));
+        }
+        points.push((t, r));
+    }
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let Some(&(last, _)) = points.last() else {
+        return Err(TraceError::Empty(path.to_owned()));
+    };
+    let step = match points[..] {
+        [(a, _), (b, _), ..] => b - a,
+        _ => 60.0,
+    };
+    Ok(Trace {
+        name: path.display().to_string(),
+        span_s: (last + step.max(1.0)) as u64,
+        data: TraceData::Rates(points),
+    })
+}

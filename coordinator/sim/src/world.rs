@@ -1,0 +1,305 @@
+//! One policy's run: the simulated fleet, its traffic and its backlog on a virtual clock of
+//! one-second steps, in the manner of quinn-proto's test `Pair`. Each step applies due
+//! faults, serves the second's arrivals, lets every host act on its desired state, delivers
+//! heartbeats, tops up the backlog, ticks the controller and checks the invariants.
+
+use std::collections::BTreeMap;
+
+use nightshift_common::UnixMillis;
+
+use crate::backlog::{Backlog, SimJob};
+use crate::config::SimConfig;
+use crate::controller::Controller;
+use crate::fault::{Fault, FaultKind};
+use crate::ledger::Ledger;
+use crate::node::{Outage, Phase, SimNode, StepCtx};
+
+/// Simulated time of trace second 0 (midnight of day 1). Any fixed value works; a realistic
+/// epoch keeps the core's arithmetic on timestamps like production's.
+pub const ORIGIN: UnixMillis = 1_767_225_600_000;
+
+/// Invariant violations kept verbatim; more are only counted.
+const VIOLATIONS_KEPT: usize = 20;
+
+/// What a run measured, before it is turned into figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub ledger: Ledger,
+    pub slo_violation_minutes: u64,
+    /// Minutes with fewer ready replicas than the load needed.
+    pub capacity_minutes: u64,
+    /// Minutes whose requests waited longer than the target on average.
+    pub queue_wait_minutes: u64,
+    pub slo_minutes_per_day: Vec<u64>,
+    pub violations: Vec<String>,
+    pub violation_count: u64,
+}
+
+pub struct World<'a> {
+    cfg: &'a SimConfig,
+    arrivals: &'a [u32],
+    need: &'a [u32],
+    faults: &'a [Fault],
+    controller: Box<dyn Controller + 'a>,
+    nodes: Vec<SimNode>,
+    jobs: BTreeMap<u64, SimJob>,
+    backlog: Backlog,
+    out: Outcome,
+    /// Requests waiting at the gateway and in the replicas' queues.
+    queued: f64,
+}
+
+/// Per-minute SLO bookkeeping.
+#[derive(Default)]
+struct Minute {
+    min_ready: Option<usize>,
+    arrivals: f64,
+    wait_sum_s: f64,
+    starved: bool,
+}
+
+impl<'a> World<'a> {
+    pub fn new(
+        cfg: &'a SimConfig,
+        arrivals: &'a [u32],
+        need: &'a [u32],
+        faults: &'a [Fault],
+        mut controller: Box<dyn Controller + 'a>,
+    ) -> Self {
+        let mut out = Outcome::default();
+        let nodes: Vec<SimNode> = (0..cfg.nodes)
+            .map(|i| SimNode::new(&format!("node-{i:03}"), cfg.gpus_per_node, ORIGIN))
+            .collect();
+        for n in &nodes {
+            if let Err(e) = controller.register(ORIGIN, &n.name, n.inventory()) {
+                out.violations.push(format!("register {}: {e}", n.name));
+            }
+        }
+        Self {
+            cfg,
+            arrivals,
+            need,
+            faults,
+            controller,
+            nodes,
+            jobs: BTreeMap::new(),
+            backlog: Backlog::new(cfg.mix.clone(), cfg.seed),
+            out,
+            queued: 0.0,
+        }
+    }
+
+    pub fn run(mut self) -> Outcome {
+        let horizon = self.arrivals.len() as u64;
+        let mut next_fault = 0;
+        let mut minute = Minute::default();
+        let days = horizon.div_ceil(86_400) as usize;
+        self.out.slo_minutes_per_day = vec![0; days];
+        for s in 0..horizon {
+            let now = ORIGIN + s * 1_000;
+            while let Some(f) = self.faults.get(next_fault).filter(|f| f.at_s <= s) {
+                next_fault += 1;
+                self.inject(now, *f);
+            }
+            self.heal(now);
+            self.serve(s, &mut minute);
+            self.act(now);
+            self.beat(s, now);
+            if s % 60 == 0 {
+                self.top_up(now);
+            }
+            self.controller.tick(now);
+            self.check(now);
+            if s % 60 == 59 || s + 1 == horizon {
+                self.close_minute(s / 60, std::mem::take(&mut minute));
+            }
+        }
+        let end = ORIGIN + horizon * 1_000;
+        for n in &mut self.nodes {
+            n.finish_accounting(end, &self.jobs, &mut self.out.ledger);
+        }
+        self.out
+    }
+
+    fn inject(&mut self, now: UnixMillis, f: Fault) {
+        let lc = &self.cfg.lifecycle;
+        match f.kind {
+            FaultKind::CoordinatorRestart => {
+                let lost = self.controller.restart(now);
+                self.record(now, lost);
+            }
+            FaultKind::AgentCrash => {
+                if let Some(n) = self.nodes.get_mut(f.node) {
+                    n.outage = Some(Outage::Crashed {
+                        until: now + lc.agent_restart_s * 1_000,
+                    });
+                }
+            }
+            FaultKind::Partition => {
+                if let Some(n) = self.nodes.get_mut(f.node) {
+                    n.outage = Some(Outage::Partitioned {
+                        until: now + lc.partition_s * 1_000,
+                    });
+                }
+            }
+        }
+    }
+
+    fn heal(&mut self, now: UnixMillis) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].heal(now) {
+                let (name, inv) = (self.nodes[i].name.clone(), self.nodes[i].inventory());
+                if let Err(e) = self.controller.register(now, &name, inv) {
+                    self.record(now, vec![format!("register {name}: {e}")]);
+                }
+            }
+        }
+    }
+
+    /// The second's arrivals meet the ready replicas (a fluid FIFO queue).
+    fn serve(&mut self, s: u64, minute: &mut Minute) {
+        let model = &self.cfg.replica;
+        let ready = self.nodes.iter().filter(|n| n.ready()).count();
+        let arrived = f64::from(self.arrivals[s as usize]);
+        let capacity = ready as f64 * model.capacity_rps();
+        let offered = self.queued + arrived;
+        let served = offered.min(capacity);
+        self.queued = offered - served;
+        minute.min_ready = Some(minute.min_ready.map_or(ready, |m| m.min(ready)));
+        minute.arrivals += arrived;
+        if ready == 0 {
+            minute.starved |= arrived > 0.0 || self.queued > 0.0;
+        } else {
+            // A request arriving now waits for the queue ahead of it to drain.
+            minute.wait_sum_s += arrived * self.queued / capacity;
+            let running = (served / ready as f64 * model.latency_s()).min(model.max_seqs);
+            let waiting = self.queued / ready as f64;
+            for n in self.nodes.iter_mut().filter(|n| n.ready()) {
+                n.signals.requests_running = Some(running);
+                n.signals.requests_waiting = Some(waiting);
+                n.signals.kv_cache_usage = Some(running / model.max_seqs);
+            }
+        }
+        if ready == 0 && self.queued > 0.0 {
+            let now = ORIGIN + s * 1_000;
+            self.controller.gateway(now, self.queued.ceil() as u64);
+        }
+    }
+
+    /// Each host fetches a changed desired state (the long-poll) and acts for one second.
+    fn act(&mut self, now: UnixMillis) {
+        let drain_ms = (self.cfg.replica.latency_s() * 1_000.0) as u64;
+        for n in &mut self.nodes {
+            if n.reachable() {
+                let v = self.controller.version(&n.name);
+                if v.is_some() && v != n.desired.as_ref().map(|d| d.version) {
+                    n.desired = self.controller.desired(&n.name);
+                }
+            }
+            let mut ctx = StepCtx {
+                now,
+                lifecycle: &self.cfg.lifecycle,
+                drain_ms,
+                jobs: &mut self.jobs,
+                ledger: &mut self.out.ledger,
+            };
+            n.step(&mut ctx);
+        }
+    }
+
+    /// Heartbeats, staggered over the interval by node.
+    fn beat(&mut self, s: u64, now: UnixMillis) {
+        let every = self.cfg.heartbeat_s.max(1);
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if !n.reachable() || (s + i as u64) % every != 0 {
+                continue;
+            }
+            let beat = n.heartbeat();
+            match self.controller.heartbeat(now, &n.name, beat) {
+                Ok(()) => n.last_renewed = now,
+                Err(e) => {
+                    if self.out.violations.len() < VIOLATIONS_KEPT {
+                        self.out
+                            .violations
+                            .push(format!("heartbeat {}: {e}", n.name));
+                    }
+                    self.out.violation_count += 1;
+                }
+            }
+        }
+    }
+
+    /// Keeps the backlog deep enough that every lendable GPU could be busy.
+    fn top_up(&mut self, now: UnixMillis) {
+        let target = (self.cfg.nodes * self.cfg.gpus_per_node) as usize + self.cfg.queue_depth;
+        let outstanding = self.jobs.values().filter(|j| j.remaining_ms() > 0).count();
+        for _ in outstanding..target {
+            let Some((job, spec)) = self.backlog.next_job() else {
+                return;
+            };
+            match self.controller.submit(now, spec) {
+                Ok(id) => {
+                    self.jobs.insert(id, job);
+                }
+                Err(e) => {
+                    self.record(now, vec![format!("submit: {e}")]);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn check(&mut self, now: UnixMillis) {
+        let mut found = self.controller.violations();
+        for n in &self.nodes {
+            if let Err(e) = n.check_owners() {
+                found.push(e);
+            }
+        }
+        let up = self
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.phase, Phase::Serving | Phase::Starting { .. }))
+            .count();
+        let floor = self.cfg.min_replicas as usize;
+        if up < floor.min(self.nodes.len()) {
+            found.push(format!(
+                "serving floor: {up} replicas serving or starting, below {floor}"
+            ));
+        }
+        self.record(now, found);
+    }
+
+    fn record(&mut self, now: UnixMillis, found: Vec<String>) {
+        for v in found {
+            if self.out.violations.len() < VIOLATIONS_KEPT {
+                let s = (now - ORIGIN) / 1_000;
+                self.out.violations.push(format!("t={s}s: {v}"));
+            }
+            self.out.violation_count += 1;
+        }
+    }
+
+    fn close_minute(&mut self, index: u64, m: Minute) {
+        let need = self.need.get(index as usize).copied().unwrap_or(0) as usize;
+        let short = m.min_ready.unwrap_or(0) < need;
+        let wait_ms = if m.arrivals > 0.0 {
+            m.wait_sum_s / m.arrivals * 1_000.0
+        } else {
+            0.0
+        };
+        let slow = m.starved || wait_ms > self.cfg.replica.queue_wait_target_ms;
+        self.out.capacity_minutes += u64::from(short);
+        self.out.queue_wait_minutes += u64::from(slow);
+        if short || slow {
+            self.out.slo_violation_minutes += 1;
+            if let Some(d) = self
+                .out
+                .slo_minutes_per_day
+                .get_mut((index / 1_440) as usize)
+            {
+                *d += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! `nightshift simulate` from the command line: the same seed prints identical JSON with the
+//! documented keys, and bad input is refused with exit code 2.
+
+use nightshift_coordinator::cli;
+use serde_json::Value;
+
+async fn simulate(args: &[&str]) -> (i32, String, String) {
+    let mut argv = vec!["nightshift", "simulate"];
+    argv.extend_from_slice(args);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = cli::run(argv, &mut std::io::empty(), &mut out, &mut err).await;
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+fn trace_file(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("rates.csv");
+    let mut csv = String::from("timestamp,rate\n");
+    for h in 0..24 {
+        let rate = if (8..22).contains(&h) { 60.0 } else { 15.0 };
+        csv.push_str(&format!("{},{rate}\n", h * 3_600));
+    }
+    std::fs::write(&path, csv).unwrap();
+    format!("csv:{}", path.display())
+}
+
+#[tokio::test]
+async fn same_seed_prints_identical_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = trace_file(&dir);
+    let args = [
+        "--trace",
+        &trace,
+        "--days",
+        "0.5",
+        "--nodes",
+        "4",
+        "--peak-replicas",
+        "3",
+        "--faults",
+        "default",
+        "--seed",
+        "9",
+        "--cold-start-s",
+        "60",
+        "--output",
+        "json",
+    ];
+    let (code, first, err) = simulate(&args).await;
+    assert_eq!(code, 0, "{err}");
+    let (_, second, _) = simulate(&args).await;
+    assert_eq!(first, second);
+    let v: Value = serde_json::from_str(&first).unwrap();
+    let names: Vec<&str> = v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "nightshift",
+            "fixed-window",
+            "night-20-08",
+            "reactive",
+            "oracle"
+        ]
+    );
+    for p in v["policies"].as_array().unwrap() {
+        for key in [
+            "harvested_gpu_hours",
+            "useful_gpu_hours",
+            "oracle_gpu_hours",
+            "harvest_ratio",
+            "slo_violation_minutes",
+            "preemptions",
+            "lost_gpu_hours",
+            "equivalent_gpus",
+            "savings",
+        ] {
+            assert!(p[key].is_number(), "{key} missing in {p}");
+        }
+        assert_eq!(p["invariant_violations"], 0, "{p}");
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_exit_code_2() {
+    let (code, _, err) = simulate(&["--trace", "nowhere:/x"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown trace source"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let trace = trace_file(&dir);
+    let (code, _, err) =
+        simulate(&["--trace", &trace, "--nodes", "4", "--peak-replicas", "5"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("more than --nodes"), "{err}");
+    let (code, _, err) = simulate(&["--trace", &trace, "--faults", "meteor=1"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("--faults"), "{err}");
+}

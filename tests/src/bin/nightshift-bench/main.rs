@@ -1,0 +1,558 @@
+//! `nightshift-bench`: benchmarks that need real processes.
+//!
+//! `reclaim --repeat K`: see `reclaim.rs`; `agent-footprint`: see `footprint.rs`.
+//!
+//! `coordinator --agents N --duration S`: starts the real `nightshift-coordinator` binary (the
+//! one built next to this one) on loopback with a fresh store, queues 10,000 one-GPU jobs, then
+//! N simulated agents heartbeat once a second over real HTTP for S seconds. Agents report their
+//! replicas idle, so the coordinator lends their nodes and places jobs on them; an agent
+//! reports each job it is given as running, then as finished at its next heartbeat, so
+//! placements keep flowing. Reports heartbeats per second, their p50/p99 latency, errors,
+//! placements per second, and the coordinator's CPU (from /proc) and peak RSS (VmHWM).
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use nightshift_common::{
+    DesiredNode, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, JobSpec, RegisterRequest,
+    ReplicaState, ReplicaStatus, ServingSignals,
+};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+mod footprint;
+mod reclaim;
+
+/// A process's CPU seconds and resident memory, read from /proc.
+pub struct ProcStat {
+    pub at: Instant,
+    pub cpu_s: f64,
+    pub rss_mib: f64,
+}
+
+impl ProcStat {
+    pub fn read(pid: u32) -> anyhow::Result<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, s)| s)
+            .context("stat format")?;
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .context("VmRSS")?;
+        Ok(Self {
+            at: Instant::now(),
+            cpu_s: ticks / clock_ticks(),
+            rss_mib: kb / 1024.0,
+        })
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nightshift-bench",
+    about = "nightshift benchmarks against real processes"
+)]
+struct Args {
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Bench,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Simulated agents heartbeating over HTTP to a real coordinator with a deep queue.
+    Coordinator {
+        #[arg(long, default_value_t = 100)]
+        agents: u32,
+        /// Seconds of heartbeating.
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+        #[arg(long, default_value_t = 10_000)]
+        jobs: u32,
+        /// Seconds between an agent's heartbeats.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
+    /// The agent's CPU and RSS, sampled once a second while it serves.
+    AgentFootprint {
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+    /// Reclaim latency against real Docker with the stand-in vLLM and the toy trainer.
+    Reclaim {
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct CoordinatorReport {
+    agents: u32,
+    duration_s: f64,
+    jobs_queued: u32,
+    submit_per_s: f64,
+    heartbeats: u64,
+    heartbeats_per_s: f64,
+    offered_heartbeats_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    errors: u64,
+    placements: u64,
+    placements_per_s: f64,
+    coordinator_cpu_cores: f64,
+    coordinator_peak_rss_mib: f64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Bench::AgentFootprint { seconds } => {
+            let r = footprint::footprint(seconds).await?;
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "agent over {} s: cpu mean {:.2} % max {:.2} %  rss mean {:.1} MiB max {:.1} MiB",
+                    r.seconds, r.cpu_percent_mean, r.cpu_percent_max, r.rss_mib_mean, r.rss_mib_max
+                );
+            }
+            Ok(())
+        }
+        Bench::Reclaim { repeat } => {
+            let r = reclaim::reclaim(repeat).await?;
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                let line = |name: &str, p: &reclaim::Percentiles| {
+                    format!(
+                        "{name:<24} p50 {:>8.0} ms  p99 {:>8.0} ms  max {:>8.0} ms\n",
+                        p.p50_ms, p.p99_ms, p.max_ms
+                    )
+                };
+                print!(
+                    "{} rounds\n{}{}{}",
+                    r.rounds,
+                    line("decision -> signalled", &r.decision_to_signal),
+                    line("signal -> gpus free", &r.signal_to_gpus_free),
+                    line("free -> serving ready", &r.free_to_serving_ready)
+                );
+            }
+            Ok(())
+        }
+        Bench::Coordinator {
+            agents,
+            duration,
+            jobs,
+            interval,
+        } => {
+            let report = coordinator(agents, duration, jobs, interval).await?;
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "agents {}  duration {:.1}s  queue {} jobs (submitted at {:.0}/s)\n\
+                     heartbeats {:.0}/s of {:.0}/s offered  p50 {:.2} ms  p99 {:.2} ms  max {:.1} ms  errors {}\n\
+                     placements {} ({:.1}/s)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB",
+                    report.agents,
+                    report.duration_s,
+                    report.jobs_queued,
+                    report.submit_per_s,
+                    report.heartbeats_per_s,
+                    report.offered_heartbeats_per_s,
+                    report.p50_ms,
+                    report.p99_ms,
+                    report.max_ms,
+                    report.errors,
+                    report.placements,
+                    report.placements_per_s,
+                    report.coordinator_cpu_cores,
+                    report.coordinator_peak_rss_mib
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The coordinator child, killed when dropped.
+struct Coordinator {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Coordinator {
+    /// CPU seconds used so far (user + system), from /proc/PID/stat.
+    fn cpu_s(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, s)| s)
+            .context("stat format")?;
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+        Ok(ticks / clock_ticks())
+    }
+
+    fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .context("VmHWM")?;
+        Ok(kb / 1024.0)
+    }
+}
+
+/// Clock ticks per second, for /proc's CPU times.
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions and only reads.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if v > 0 { v as f64 } else { 100.0 }
+}
+
+async fn start_coordinator() -> anyhow::Result<Coordinator> {
+    let exe = std::env::current_exe()?;
+    let bin = exe
+        .parent()
+        .context("bench binary has no folder")?
+        .join("nightshift-coordinator");
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it with cargo build --release -p nightshift-coordinator",
+            bin.display()
+        );
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("coordinator.toml");
+    std::fs::write(
+        &config,
+        "[[services]]\nname = \"llm\"\nmin_replicas = 1\ncooldown_s = 0.0\n\
+         [services.scale_down]\nwindow_s = 0.0\n",
+    )?;
+    let child = Command::new(&bin)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let c = Coordinator {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        if http
+            .get(format!("{}/healthz", c.url))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(c);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("the coordinator did not answer /healthz within 10 s")
+}
+
+fn spec(i: u32) -> JobSpec {
+    JobSpec::new(format!("bench-{i}"), "registry.invalid/bench:1", 1)
+}
+
+/// One simulated agent's memory between heartbeats.
+#[derive(Default)]
+struct AgentState {
+    serve: bool,
+    version: u64,
+    /// Runs to report: leases seen, reported running once, then finished.
+    runs: Vec<(JobRun, bool)>,
+}
+
+struct Shared {
+    latencies_us: Mutex<Vec<u64>>,
+    errors: AtomicU64,
+    placements: Mutex<BTreeSet<u64>>,
+}
+
+async fn coordinator(
+    agents: u32,
+    duration: u64,
+    jobs: u32,
+    interval: f64,
+) -> anyhow::Result<CoordinatorReport> {
+    let c = start_coordinator().await?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(4_096)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+
+    // The queue, submitted with 32 requests in flight.
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (http, url, next) = (http.clone(), c.url.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= u64::from(jobs) {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let r = http
+                    .post(format!("{url}/v1/jobs"))
+                    .json(&spec(i as u32))
+                    .send()
+                    .await?;
+                if !r.status().is_success() {
+                    bail!("submit: {}", r.status());
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let submit_per_s = f64::from(jobs) / started.elapsed().as_secs_f64();
+
+    for i in 0..agents {
+        let req = RegisterRequest {
+            node: format!("bench-{i:05}"),
+            gpus: (0..4)
+                .map(|g| GpuInfo {
+                    index: g,
+                    uuid: format!("GPU-bench-{i}-{g}"),
+                    name: "bench".into(),
+                    memory_total_bytes: 80 << 30,
+                })
+                .collect(),
+            service: "llm".into(),
+            address: None,
+            readiness_url: None,
+            agent_version: "bench".into(),
+        };
+        let r = http
+            .post(format!("{}/v1/agents/register", c.url))
+            .json(&req)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("register: {}", r.status());
+        }
+    }
+
+    let shared = Arc::new(Shared {
+        latencies_us: Mutex::new(Vec::new()),
+        errors: AtomicU64::new(0),
+        placements: Mutex::new(BTreeSet::new()),
+    });
+    let cpu_before = c.cpu_s()?;
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(duration);
+    let period = Duration::from_secs_f64(interval);
+    let mut tasks = Vec::new();
+    for i in 0..agents {
+        let (http, url, shared) = (http.clone(), c.url.clone(), shared.clone());
+        let offset = period.mul_f64(f64::from(i) / f64::from(agents.max(1)));
+        tasks.push(tokio::spawn(async move {
+            let node = format!("bench-{i:05}");
+            let mut state = AgentState {
+                serve: true,
+                ..AgentState::default()
+            };
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if Instant::now() >= end {
+                    return;
+                }
+                let beat = beat_of(&mut state);
+                let sent = Instant::now();
+                let r = http
+                    .post(format!("{url}/v1/agents/{node}/heartbeat"))
+                    .json(&beat)
+                    .send()
+                    .await;
+                let desired = match r {
+                    Ok(r) if r.status().is_success() => r.json::<DesiredNode>().await.ok(),
+                    _ => None,
+                };
+                let took = sent.elapsed().as_micros() as u64;
+                let Some(desired) = desired else {
+                    shared.errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                shared.latencies_us.lock().await.push(took);
+                let mut placed = shared.placements.lock().await;
+                for l in &desired.leases {
+                    placed.insert(l.lease_id);
+                }
+                drop(placed);
+                absorb(&mut state, &desired);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = c.cpu_s()? - cpu_before;
+    let mut lat = std::mem::take(&mut *shared.latencies_us.lock().await);
+    lat.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i] as f64 / 1_000.0
+    };
+    let placements = shared.placements.lock().await.len() as u64;
+    Ok(CoordinatorReport {
+        agents,
+        duration_s: elapsed,
+        jobs_queued: jobs,
+        submit_per_s,
+        heartbeats: lat.len() as u64,
+        heartbeats_per_s: lat.len() as f64 / elapsed,
+        offered_heartbeats_per_s: f64::from(agents) / interval,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        max_ms: lat.last().map_or(0.0, |&v| v as f64 / 1_000.0),
+        errors: shared.errors.load(Ordering::Relaxed),
+        placements,
+        placements_per_s: placements as f64 / elapsed,
+        coordinator_cpu_cores: cpu / elapsed,
+        coordinator_peak_rss_mib: c.peak_rss_mib()?,
+    })
+}
+
+/// What the agent reports: its replica idle (or stopped when lent), and each leased job
+/// running once, then finished.
+fn beat_of(state: &mut AgentState) -> Heartbeat {
+    let jobs = state
+        .runs
+        .iter_mut()
+        .map(|(run, reported)| {
+            if *reported {
+                run.state = JobRunState::Exited {
+                    exit_code: 0,
+                    stopped_by_agent: false,
+                };
+            }
+            *reported = true;
+            run.clone()
+        })
+        .collect();
+    Heartbeat {
+        gpus: (0..4)
+            .map(|g| GpuStatus {
+                index: g,
+                memory_used_bytes: 0,
+                healthy: true,
+            })
+            .collect(),
+        replica: ReplicaStatus {
+            state: if state.serve {
+                ReplicaState::Serving
+            } else {
+                ReplicaState::Stopped
+            },
+            signals: ServingSignals {
+                requests_running: Some(0.0),
+                requests_waiting: Some(0.0),
+                kv_cache_usage: Some(0.0),
+            },
+            url: None,
+        },
+        jobs,
+        applied_version: state.version,
+        phases: vec![],
+    }
+}
+
+fn absorb(state: &mut AgentState, desired: &DesiredNode) {
+    state.serve = desired.serve;
+    state.version = desired.version;
+    // Finished runs whose lease is gone are forgotten; new leases start running.
+    state.runs.retain(|(r, _)| {
+        desired.leases.iter().any(|l| l.lease_id == r.lease_id)
+            || !matches!(r.state, JobRunState::Exited { .. })
+    });
+    for l in &desired.leases {
+        if !state.runs.iter().any(|(r, _)| r.lease_id == l.lease_id) {
+            state.runs.push((
+                JobRun {
+                    job_id: l.job_id,
+                    attempt: l.attempt,
+                    lease_id: l.lease_id,
+                    epoch: l.epoch,
+                    gpus: l.gpus.clone(),
+                    state: JobRunState::Running,
+                    last_checkpoint_at: None,
+                    outputs: Default::default(),
+                },
+                false,
+            ));
+        }
+    }
+}
