@@ -99,6 +99,12 @@ impl Default for ScaleUpConfig {
 pub enum ConfigError {
     #[error("{0}")]
     Load(#[from] config::ConfigError),
+    /// The file on its own: every syntax error, wrong type and unknown key, with its line.
+    #[error("{0}")]
+    File(#[from] nightshift_configfile::FileError),
+    /// A rule broken by a key of the file, at its line.
+    #[error("{0}")]
+    Located(nightshift_configfile::Problem),
     #[error("{key}: {rule}")]
     Invalid { key: String, rule: String },
 }
@@ -110,6 +116,9 @@ fn ms(seconds: f64) -> u64 {
 impl CoordinatorConfig {
     /// Reads `file` (when given) and the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let lines = file
+            .map(nightshift_configfile::check_file::<Self>)
+            .transpose()?;
         let mut builder = config::Config::builder();
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
@@ -122,7 +131,12 @@ impl CoordinatorConfig {
             )
             .build()?
             .try_deserialize()?;
-        cfg.validate()?;
+        cfg.validate().map_err(|e| match (e, &lines) {
+            (ConfigError::Invalid { key, rule }, Some(lines)) => {
+                ConfigError::Located(lines.problem(&key, rule))
+            }
+            (e, _) => e,
+        })?;
         Ok(cfg)
     }
 
@@ -272,6 +286,27 @@ mod tests {
     }
 
     #[test]
+    fn every_problem_of_the_file_is_named_with_its_line() {
+        let (_d, path) = write(
+            "listen = \"127.0.0.1:7400\"\nheartbeat_interval_ms = \"often\"\n\
+             [[services]]\nname = \"chat\"\nmin_replica = 2\n",
+        );
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        let file = path.display();
+        assert_eq!(
+            err,
+            format!(
+                "{file}: line 2: heartbeat_interval_ms: invalid type: string \"often\", expected u64\n\
+                 {file}: line 5: services[0].min_replica: unknown field `min_replica`, expected one \
+                 of `name`, `min_replicas`, `cooldown_s`, `gateway_signal_ttl_s`, `scale_down`, \
+                 `scale_up`"
+            )
+        );
+    }
+
+    #[test]
     fn a_short_lease_is_refused() {
         let (_d, path) = write("heartbeat_interval_ms = 1000\nlease_ttl_ms = 1500\n");
         let err = CoordinatorConfig::load(Some(&path))
@@ -279,7 +314,10 @@ mod tests {
             .to_string();
         assert_eq!(
             err,
-            "lease_ttl_ms: must be at least twice heartbeat_interval_ms"
+            format!(
+                "{}: line 2: lease_ttl_ms: must be at least twice heartbeat_interval_ms",
+                path.display()
+            )
         );
     }
 }
