@@ -34,6 +34,8 @@ pub struct AgentConfig {
     pub health_timeout_s: f64,
     pub gpus: GpuConfig,
     pub replica: ReplicaConfig,
+    /// Mutual TLS with the coordinator (an `https://` coordinator needs it).
+    pub tls: crate::tls::AgentTlsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -82,6 +84,7 @@ impl Default for AgentConfig {
             health_timeout_s: 900.0,
             gpus: GpuConfig::default(),
             replica: ReplicaConfig::default(),
+            tls: crate::tls::AgentTlsConfig::default(),
         }
     }
 }
