@@ -18,6 +18,20 @@ pub struct CoordinatorConfig {
     pub heartbeat_interval_ms: u64,
     pub lease_ttl_ms: u64,
     pub services: Vec<ServiceConfig>,
+    /// HTTPS with agents' client certificates; plain HTTP when absent.
+    pub tls: Option<TlsConfig>,
+}
+
+/// The coordinator's TLS files (`nightshift-coordinator tls init` writes them).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The cluster CA: an agent's certificate must be signed by it.
+    pub ca_file: PathBuf,
+    /// The coordinator's certificate chain, PEM.
+    pub cert_file: PathBuf,
+    /// Its private key, PEM.
+    pub key_file: PathBuf,
 }
 
 impl Default for CoordinatorConfig {
@@ -29,6 +43,7 @@ impl Default for CoordinatorConfig {
             heartbeat_interval_ms: core.heartbeat_interval_ms,
             lease_ttl_ms: core.lease_ttl_ms,
             services: vec![ServiceConfig::default()],
+            tls: None,
         }
     }
 }

@@ -7,6 +7,8 @@ pub mod config;
 pub mod demo;
 pub mod gateway;
 pub mod http;
+pub mod https;
 pub mod loadgen;
+pub mod pki;
 pub mod server;
 pub mod store;

@@ -37,7 +37,7 @@ pub async fn serve(
 
 /// Wakes the core at its next deadline (lease expiries, scaling windows), at least twice a
 /// second.
-async fn tick(cluster: Arc<Cluster>) {
+pub(crate) async fn tick(cluster: Arc<Cluster>) {
     loop {
         let now = now_ms();
         let wait = cluster.next_deadline().map_or(MAX_TICK, |d| {

@@ -177,6 +177,7 @@ pub fn coordinator_config(data_dir: &Path) -> CoordinatorConfig {
         data_dir: data_dir.to_owned(),
         heartbeat_interval_ms: 200,
         lease_ttl_ms: 10_000,
+        tls: None,
         services: vec![ServiceConfig {
             name: "default".into(),
             min_replicas: 0,

@@ -2,6 +2,7 @@
 //! calls through [`Cluster::apply`]; they never touch state themselves.
 
 mod agents;
+mod identity;
 mod jobs;
 mod nodes;
 
@@ -28,11 +29,18 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/services/{name}/gateway", post(nodes::gateway))
+        .merge(agent_routes())
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(cluster)
+}
+
+/// The agent protocol; over HTTPS only for the node that the client certificate names.
+fn agent_routes() -> Router<Arc<Cluster>> {
+    Router::new()
         .route("/v1/agents/register", post(agents::register))
         .route("/v1/agents/{node}/heartbeat", post(agents::heartbeat))
         .route("/v1/agents/{node}/desired", get(agents::desired))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(cluster)
+        .route_layer(axum::middleware::from_fn(identity::agent_identity))
 }
 
 /// An error answer: a status and an [`ApiError`] body.
