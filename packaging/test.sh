@@ -151,14 +151,45 @@ as_user /usr/bin/nightshift-coordinator validate --config /etc/nightshift/coordi
     fail "the installed coordinator.toml does not validate"
 /usr/bin/nightshift --version >/dev/null || fail "nightshift --version"
 
+step "mutual TLS files from tls init/issue validate, given through NIGHTSHIFT_ overrides"
+tls="$(mktemp -d)"
+/usr/bin/nightshift-coordinator tls init --dir "$tls" --server-name localhost >/dev/null
+/usr/bin/nightshift-coordinator tls issue --dir "$tls" --node gpu-01 >/dev/null
+$sudo chgrp nightshift "$tls"/*.key && $sudo chmod 0640 "$tls"/*.key && chmod 0755 "$tls"
+as_user env NIGHTSHIFT_COORDINATOR__TLS__CA_FILE="$tls/ca.pem" \
+    NIGHTSHIFT_COORDINATOR__TLS__CERT_FILE="$tls/coordinator.pem" \
+    NIGHTSHIFT_COORDINATOR__TLS__KEY_FILE="$tls/coordinator.key" \
+    /usr/bin/nightshift-coordinator validate --config /etc/nightshift/coordinator.toml >/dev/null ||
+    fail "the coordinator's TLS files do not validate"
+as_user env NIGHTSHIFT_AGENT__COORDINATOR=https://localhost:7400 NIGHTSHIFT_AGENT__NODE=gpu-01 \
+    NIGHTSHIFT_AGENT__TLS__CA_FILE="$tls/ca.pem" NIGHTSHIFT_AGENT__TLS__CERT_FILE="$tls/gpu-01.pem" \
+    NIGHTSHIFT_AGENT__TLS__KEY_FILE="$tls/gpu-01.key" \
+    /usr/bin/nightshift-agent validate --config /etc/nightshift/agent.toml >/dev/null ||
+    fail "the agent's TLS files do not validate"
+# A certificate its CA did not sign (the coordinator's server certificate is not a client
+# certificate either) is refused, naming the key.
+if msg="$(as_user env NIGHTSHIFT_AGENT__TLS__CA_FILE="$tls/ca.pem" \
+    NIGHTSHIFT_AGENT__TLS__CERT_FILE="$tls/coordinator.pem" \
+    NIGHTSHIFT_AGENT__TLS__KEY_FILE="$tls/coordinator.key" \
+    /usr/bin/nightshift-agent validate --config /etc/nightshift/agent.toml 2>&1)"; then
+    fail "a server certificate validated as the agent's"
+fi
+grep -q "tls.cert_file ($tls/coordinator.pem)" <<<"$msg" || fail "the refusal does not name tls.cert_file: $msg"
+if msg="$(as_user env NIGHTSHIFT_AGENT__TLS__CA_FILE="$tls/missing.pem" \
+    /usr/bin/nightshift-agent validate --config /etc/nightshift/agent.toml 2>&1)"; then
+    fail "a missing CA file validated"
+fi
+grep -q "tls.ca_file ($tls/missing.pem): cannot read" <<<"$msg" || fail "the refusal does not name tls.ca_file: $msg"
+$sudo rm -rf "$tls"
+
 step "an edited configuration survives a reinstall; a bad one is refused with file, key and line"
-echo 'drain_timeout_s = 77' | $sudo tee -a /etc/nightshift/agent.toml >/dev/null
-# drain_timeout_s is now set twice: TOML refuses a duplicate key.
+# drain_timeout_s set twice: TOML refuses a duplicate key.
+$sudo sed -i 's/^drain_timeout_s = 120$/drain_timeout_s = 120\ndrain_timeout_s = 77/' /etc/nightshift/agent.toml
 if msg="$(as_user /usr/bin/nightshift-agent validate --config /etc/nightshift/agent.toml 2>&1)"; then
     fail "a duplicate key validated"
 fi
 grep -q "agent.toml" <<<"$msg" && grep -q "line" <<<"$msg" || fail "the refusal does not name file and line: $msg"
-$sudo sed -i 's/^drain_timeout_s = 120$/drain_timeout_s = "soon"/; $d' /etc/nightshift/agent.toml
+$sudo sed -i '/^drain_timeout_s = 77$/d; s/^drain_timeout_s = 120$/drain_timeout_s = "soon"/' /etc/nightshift/agent.toml
 if msg="$(as_user /usr/bin/nightshift-agent validate --config /etc/nightshift/agent.toml 2>&1)"; then
     fail "a wrong type validated"
 fi

@@ -93,7 +93,10 @@ impl AgentTlsConfig {
                 err(
                     "tls.cert_file",
                     cert_file,
-                    format!("not signed by tls.ca_file {}: {e}", ca_file.display()),
+                    format!(
+                        "is not an agent certificate signed by tls.ca_file {}: {e}",
+                        ca_file.display()
+                    ),
                 )
             })?;
         builder

@@ -159,7 +159,8 @@ async fn a_certificate_from_another_ca_gets_no_answer() {
     .unwrap_err()
     .to_string();
     assert!(
-        err.starts_with("tls.cert_file (") && err.contains("not signed by tls.ca_file"),
+        err.starts_with("tls.cert_file (")
+            && err.contains("is not an agent certificate signed by tls.ca_file"),
         "{err}"
     );
 
