@@ -149,8 +149,19 @@ pub async fn serve_tls(
     config: Arc<ServerConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let ticker = tokio::spawn(crate::server::tick(cluster.clone()));
-    let app = crate::http::router(cluster);
+    let app = crate::http::router(cluster.clone());
+    serve_tls_app(listener, cluster, app, config, shutdown).await
+}
+
+/// Serves `app` (the API of `cluster`, e.g. with access control) over TLS.
+pub async fn serve_tls_app(
+    listener: TcpListener,
+    cluster: Arc<Cluster>,
+    app: axum::Router,
+    config: Arc<ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let ticker = tokio::spawn(crate::server::tick(cluster));
     let acceptor = TlsAcceptor::from(config);
     tokio::pin!(shutdown);
     loop {

@@ -1,5 +1,6 @@
 //! nightshift-coordinator: the coordinator service and the CLI.
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod cluster;
@@ -10,5 +11,6 @@ pub mod http;
 pub mod https;
 pub mod loadgen;
 pub mod pki;
+pub mod ratelimit;
 pub mod server;
 pub mod store;

@@ -38,6 +38,27 @@ enum Command {
     /// The cluster's certificates for mutual TLS between agents and the coordinator.
     #[command(subcommand)]
     Tls(TlsCommand),
+    /// API tokens (stored hashed in the data directory).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token and print it, once. Until the first token exists the API is open.
+    Create {
+        #[arg(long, value_enum)]
+        role: nightshift_coordinator::auth::Role,
+        /// The team a researcher acts for (the owner of its jobs).
+        #[arg(long)]
+        team: Option<String>,
+        /// Who holds the token, for the audit log.
+        #[arg(long, default_value = "unnamed")]
+        name: String,
+        /// The coordinator's data directory (where tokens.json lives).
+        #[arg(long, default_value = "/var/lib/nightshift/coordinator")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -92,6 +113,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Tls(command) => tls(command),
+        Command::Token(TokenCommand::Create {
+            role,
+            team,
+            name,
+            data_dir,
+        }) => {
+            let tokens = nightshift_coordinator::auth::Tokens::open(&data_dir)?;
+            let now = nightshift_coordinator::cluster::now_ms();
+            let (record, token) = tokens.create(&name, role, team.as_deref(), now)?;
+            eprintln!(
+                "token {} ({}, role {}) created; it is shown once:",
+                record.id,
+                record.name,
+                record.role.as_str()
+            );
+            println!("{token}");
+            Ok(())
+        }
         Command::Serve {
             listen,
             data_dir,
@@ -110,21 +149,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .map(nightshift_coordinator::https::server_config)
                 .transpose()?;
             let cluster = server::open(&cfg)?;
+            let access = nightshift_coordinator::http::access_for(&cfg, cluster.clone())?;
+            if access.tokens.is_empty() {
+                tracing::warn!(
+                    "no API tokens: the API is open to anyone who reaches it; \
+                     create one with nightshift-coordinator token create --role admin"
+                );
+            }
+            let app = nightshift_coordinator::http::app(cluster.clone(), access);
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
             tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), "coordinator listening");
             match tls {
                 Some(tls) => {
-                    nightshift_coordinator::https::serve_tls(
+                    nightshift_coordinator::https::serve_tls_app(
                         listener,
                         cluster,
+                        app,
                         tls,
                         shutdown_signal(),
                     )
                     .await
                 }
-                None => server::serve(listener, cluster, shutdown_signal()).await,
+                None => server::serve_app(listener, cluster, app, shutdown_signal()).await,
             }
         }
     }

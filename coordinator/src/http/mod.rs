@@ -1,6 +1,7 @@
 //! The coordinator's HTTP shell. Handlers only parse requests and translate them into core
 //! calls through [`Cluster::apply`]; they never touch state themselves.
 
+pub mod access;
 mod agents;
 mod identity;
 mod jobs;
@@ -21,14 +22,42 @@ use crate::cluster::{ApplyError, Cluster};
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// The API without access control (tests, the demo).
 pub fn router(cluster: Arc<Cluster>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+    build(cluster, None)
+}
+
+/// The API with API tokens and roles ([`access`]).
+pub fn app(cluster: Arc<Cluster>, access: access::AccessState) -> Router {
+    build(cluster, Some(access))
+}
+
+/// The access control of the coordinator configured by `cfg`: the tokens of its data
+/// directory.
+pub fn access_for(
+    cfg: &crate::config::CoordinatorConfig,
+    cluster: Arc<Cluster>,
+) -> Result<access::AccessState, crate::auth::AuthError> {
+    Ok(access::AccessState {
+        tokens: Arc::new(crate::auth::Tokens::open(&cfg.data_dir)?),
+        cluster,
+        limiter: Arc::new(crate::ratelimit::RateLimiter::default()),
+    })
+}
+
+fn build(cluster: Arc<Cluster>, access: Option<access::AccessState>) -> Router {
+    let mut api = Router::new()
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/nodes", get(nodes::list))
-        .route("/v1/services/{name}/gateway", post(nodes::gateway))
+        .route("/v1/services/{name}/gateway", post(nodes::gateway));
+    if let Some(access) = access {
+        api = api.route_layer(axum::middleware::from_fn_with_state(access, access::check));
+    }
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(api)
         .merge(agent_routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(cluster)
