@@ -20,6 +20,8 @@ pub struct CoordinatorConfig {
     pub services: Vec<ServiceConfig>,
     /// HTTPS with agents' client certificates; plain HTTP when absent.
     pub tls: Option<TlsConfig>,
+    /// What a job may ask for.
+    pub policy: crate::policy::PolicyConfig,
 }
 
 /// The coordinator's TLS files (`nightshift-coordinator tls init` writes them).
@@ -44,6 +46,7 @@ impl Default for CoordinatorConfig {
             lease_ttl_ms: core.lease_ttl_ms,
             services: vec![ServiceConfig::default()],
             tls: None,
+            policy: crate::policy::PolicyConfig::default(),
         }
     }
 }

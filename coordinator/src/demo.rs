@@ -419,6 +419,7 @@ async fn start_coordinator(data_dir: &Path) -> anyhow::Result<DemoCoordinator> {
         data_dir: data_dir.to_owned(),
         heartbeat_interval_ms: 250,
         tls: None,
+        policy: Default::default(),
         lease_ttl_ms: 15_000,
         services: vec![ServiceConfig {
             name: "default".into(),

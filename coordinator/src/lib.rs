@@ -11,6 +11,7 @@ pub mod http;
 pub mod https;
 pub mod loadgen;
 pub mod pki;
+pub mod policy;
 pub mod ratelimit;
 pub mod server;
 pub mod store;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use nightshift_coordinator::auth::{Role, Tokens};
 use nightshift_coordinator::config::{CoordinatorConfig, ServiceConfig, TlsConfig};
 use nightshift_coordinator::pki::{self, Leaf};
+use nightshift_coordinator::policy::PolicyConfig;
 use nightshift_coordinator::{http, https, server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -119,7 +120,11 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
     };
     let cluster = server::open(&cfg).unwrap();
     let access = http::access_for(&cfg, cluster.clone()).unwrap();
-    let app = http::app(cluster.clone(), access);
+    let policy = PolicyConfig {
+        allowed_images: vec!["registry.example/".into()],
+        ..PolicyConfig::default()
+    };
+    let app = http::app(cluster.clone(), access, policy);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let config = https::server_config(&tls).unwrap();
@@ -159,6 +164,23 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
         .await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains(r#""field":"owner""#), "{body}");
+
+    // Policy: a privileged job, or an image from elsewhere, is refused naming the rule.
+    let privileged = r#"{"name":"p","image":"registry.example/t:1","gpus":1,"privileged":true}"#;
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&nlp), privileged)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("policy.sandbox: privileged: jobs may not use privileged containers"),
+        "{body}"
+    );
+    let elsewhere = r#"{"name":"e","image":"docker.io/evil:1","gpus":1}"#;
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&admin), elsewhere)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("policy.allowed_images"), "{body}");
 
     // Everyone sees every queue.
     let (status, body) = client.call("GET", "/v1/jobs", Some(&nlp), "").await;

@@ -178,6 +178,7 @@ pub fn coordinator_config(data_dir: &Path) -> CoordinatorConfig {
         heartbeat_interval_ms: 200,
         lease_ttl_ms: 10_000,
         tls: None,
+        policy: Default::default(),
         services: vec![ServiceConfig {
             name: "default".into(),
             min_replicas: 0,

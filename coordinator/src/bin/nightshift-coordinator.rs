@@ -156,7 +156,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                      create one with nightshift-coordinator token create --role admin"
                 );
             }
-            let app = nightshift_coordinator::http::app(cluster.clone(), access);
+            let app =
+                nightshift_coordinator::http::app(cluster.clone(), access, cfg.policy.clone());
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;

@@ -6,6 +6,7 @@ mod agents;
 mod identity;
 mod jobs;
 mod nodes;
+mod policy;
 
 use std::sync::Arc;
 
@@ -24,12 +25,16 @@ pub const MAX_BODY: usize = 1 << 20;
 
 /// The API without access control (tests, the demo).
 pub fn router(cluster: Arc<Cluster>) -> Router {
-    build(cluster, None)
+    build(cluster, None, crate::policy::PolicyConfig::default())
 }
 
 /// The API with API tokens and roles ([`access`]).
-pub fn app(cluster: Arc<Cluster>, access: access::AccessState) -> Router {
-    build(cluster, Some(access))
+pub fn app(
+    cluster: Arc<Cluster>,
+    access: access::AccessState,
+    policy: crate::policy::PolicyConfig,
+) -> Router {
+    build(cluster, Some(access), policy)
 }
 
 /// The access control of the coordinator configured by `cfg`: the tokens of its data
@@ -45,13 +50,25 @@ pub fn access_for(
     })
 }
 
-fn build(cluster: Arc<Cluster>, access: Option<access::AccessState>) -> Router {
+fn build(
+    cluster: Arc<Cluster>,
+    access: Option<access::AccessState>,
+    policy: crate::policy::PolicyConfig,
+) -> Router {
     let mut api = Router::new()
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/nodes", get(nodes::list))
-        .route("/v1/services/{name}/gateway", post(nodes::gateway));
+        .route("/v1/services/{name}/gateway", post(nodes::gateway))
+        // Policy runs after access control, which fixes a researcher's job owner.
+        .route_layer(axum::middleware::from_fn_with_state(
+            policy::PolicyState {
+                policy: Arc::new(policy),
+                cluster: cluster.clone(),
+            },
+            policy::check,
+        ));
     if let Some(access) = access {
         api = api.route_layer(axum::middleware::from_fn_with_state(access, access::check));
     }
