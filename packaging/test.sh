@@ -54,6 +54,7 @@ list="$(dpkg-deb -c "$coord_deb" | awk '{print $NF}')"
 has "$list" /usr/bin/nightshift-coordinator "$coord_deb"
 has "$list" /etc/nightshift/coordinator.toml "$coord_deb"
 has "$list" /usr/lib/systemd/system/nightshift-coordinator.service "$coord_deb"
+has "$list" /usr/share/nightshift/grafana/nightshift.json "$coord_deb"
 lacks "$list" /usr/bin/nightshift-agent "$coord_deb"
 [ "$(dpkg-deb -I "$coord_deb" conffiles)" = "/etc/nightshift/coordinator.toml" ] ||
     fail "$coord_deb: conffiles is not exactly /etc/nightshift/coordinator.toml"
@@ -117,6 +118,7 @@ list="$(rpm -qlp "$coord_rpm" 2>/dev/null)"
 has "$list" /usr/bin/nightshift-coordinator "$coord_rpm"
 has "$list" /etc/nightshift/coordinator.toml "$coord_rpm"
 has "$list" /usr/lib/systemd/system/nightshift-coordinator.service "$coord_rpm"
+has "$list" /usr/share/nightshift/grafana/nightshift.json "$coord_rpm"
 rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$coord_rpm" 2>/dev/null |
     grep -q "^cn /etc/nightshift/coordinator.toml$" || fail "$coord_rpm: coordinator.toml is not %config(noreplace)"
 list="$(rpm -qlp "$cli_rpm" 2>/dev/null)"
@@ -149,6 +151,13 @@ as_user /usr/bin/nightshift-agent validate --config /etc/nightshift/agent.toml >
     fail "the installed agent.toml does not validate"
 as_user /usr/bin/nightshift-coordinator validate --config /etc/nightshift/coordinator.toml >/dev/null ||
     fail "the installed coordinator.toml does not validate"
+# A token created as root is readable by the service user, and never stored in clear.
+token="$(/usr/bin/nightshift-coordinator token create --role admin --name package-test \
+    --data-dir /var/lib/nightshift/coordinator 2>/dev/null)"
+[ "$(stat -c %U /var/lib/nightshift/coordinator/tokens.json)" = nightshift ] ||
+    fail "tokens.json is not the service user's"
+as_user cat /var/lib/nightshift/coordinator/tokens.json >/dev/null || fail "the service cannot read tokens.json"
+! grep -q "${token#nst_}" /var/lib/nightshift/coordinator/tokens.json || fail "tokens.json holds the token"
 /usr/bin/nightshift --version >/dev/null || fail "nightshift --version"
 
 step "mutual TLS files from tls init/issue validate, given through NIGHTSHIFT_ overrides"
@@ -210,7 +219,7 @@ left="$(ls -d /etc/nightshift /var/lib/nightshift /usr/bin/nightshift* \
     /usr/lib/systemd/system/nightshift-* /etc/systemd/system/*/nightshift-* \
     /var/lib/systemd/deb-systemd-helper-enabled/*nightshift* \
     /var/lib/systemd/deb-systemd-helper-masked/*nightshift* \
-    /usr/share/doc/nightshift* 2>/dev/null || true)"
+    /usr/share/doc/nightshift* /usr/share/nightshift 2>/dev/null || true)"
 [ -z "$left" ] || fail "purge left files behind: $left"
 for pkg in nightshift-agent nightshift-coordinator nightshift; do
     ! dpkg-query -W "$pkg" >/dev/null 2>&1 || fail "dpkg still knows $pkg after purge"

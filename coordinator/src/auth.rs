@@ -2,7 +2,8 @@
 //!
 //! `nightshift-coordinator token create --role R [--team T]` prints a token once; only its
 //! SHA-256 is kept, in `DATA_DIR/tokens.json` (mode 0600). The tokens are 256 random bits,
-//! so a plain hash is enough: there is nothing to guess that a slow hash would protect.
+//! so a plain hash is enough: there is nothing to guess that a slow hash would protect. The
+//! file belongs to the data directory's owner (the service user), whoever creates a token.
 //! A running coordinator rereads the file when it meets a token it does not know, so a token
 //! created while it runs works at once.
 //!
@@ -217,6 +218,14 @@ fn write(path: &Path, records: &[TokenRecord]) -> Result<(), AuthError> {
         .map_err(io)?;
     f.write_all(&text).map_err(io)?;
     f.sync_all().map_err(io)?;
+    // `token create` runs as root; the service runs as the data directory's owner.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    if let (Ok(d), Ok(t)) = (std::fs::metadata(dir), f.metadata()) {
+        use std::os::unix::fs::MetadataExt;
+        if (d.uid(), d.gid()) != (t.uid(), t.gid()) {
+            std::os::unix::fs::chown(&tmp, Some(d.uid()), Some(d.gid())).map_err(io)?;
+        }
+    }
     std::fs::rename(&tmp, path).map_err(io)
 }
 
