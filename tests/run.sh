@@ -18,6 +18,23 @@ if [ ! -x /bin/busybox ]; then
     $sudo apt-get install -y -qq busybox-static >/dev/null
 fi
 
+# rustls runs on ring only: aws-lc-sys must not be anywhere in the graph (docs: crates.md §3).
+if cargo tree --workspace -i aws-lc-sys >/dev/null 2>&1; then
+    echo "tests/run.sh: aws-lc-sys is in the dependency graph; use rustls' ring provider only:" >&2
+    cargo tree --workspace -i aws-lc-sys >&2
+    exit 1
+fi
+
 bash tests/images/build.sh
 cargo build --workspace --bins
 cargo test --workspace "$@"
+
+# The packages: build the .deb and .rpm (a release build; cargo-deb and cargo-generate-rpm
+# are installed when missing), check them, install, validate and purge the .debs.
+if [ "${NIGHTSHIFT_SKIP_PACKAGES:-}" = 1 ]; then
+    echo "tests/run.sh: NIGHTSHIFT_SKIP_PACKAGES=1: the package test did not run" >&2
+else
+    started=$SECONDS
+    bash packaging/test.sh
+    echo "tests/run.sh: package test took $((SECONDS - started)) s" >&2
+fi

@@ -51,7 +51,7 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let shared = Arc::new(Shared::new(&node));
     let cfg = Arc::new(cfg);
     let (engine, gpus, serving) = (Arc::new(engine), Arc::new(gpus), Arc::new(serving));
-    let uplink = Uplink::new(&cfg.coordinator, &node)?;
+    let uplink = Uplink::with_tls(&cfg.coordinator, &node, &cfg.tls)?;
     let mut tasks = JoinSet::new();
 
     let readiness_url = match readiness {

@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub health_timeout_s: f64,
     pub gpus: GpuConfig,
     pub replica: ReplicaConfig,
+    /// Mutual TLS with the coordinator (an `https://` coordinator needs it).
+    pub tls: crate::tls::AgentTlsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -89,6 +91,7 @@ impl Default for AgentConfig {
             health_timeout_s: 900.0,
             gpus: GpuConfig::default(),
             replica: ReplicaConfig::default(),
+            tls: crate::tls::AgentTlsConfig::default(),
         }
     }
 }
@@ -112,12 +115,21 @@ impl Default for ReplicaConfig {
 pub enum ConfigError {
     #[error("{0}")]
     Load(#[from] config::ConfigError),
+    /// The file on its own: every syntax error, wrong type and unknown key, with its line.
+    #[error("{0}")]
+    File(#[from] nightshift_configfile::FileError),
+    /// A rule broken by a key of the file, at its line.
+    #[error("{0}")]
+    Located(nightshift_configfile::Problem),
     #[error("{key}: {rule}")]
     Invalid { key: &'static str, rule: String },
 }
 
 impl AgentConfig {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let lines = file
+            .map(nightshift_configfile::check_file::<Self>)
+            .transpose()?;
         let mut builder = config::Config::builder();
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
@@ -130,7 +142,12 @@ impl AgentConfig {
             )
             .build()?
             .try_deserialize()?;
-        cfg.validate()?;
+        cfg.validate().map_err(|e| match (e, &lines) {
+            (ConfigError::Invalid { key, rule }, Some(lines)) => {
+                ConfigError::Located(lines.problem(&key, rule))
+            }
+            (e, _) => e,
+        })?;
         Ok(cfg)
     }
 
@@ -212,6 +229,33 @@ mod tests {
         std::fs::write(&path, "[replica]\nimgae = \"v:1\"\n").unwrap();
         let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
         assert!(err.contains("imgae"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_file_names_file_key_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "node = \"gpu-01\"\ndrain_timeout_s = \"soon\"\n[replica]\nport = 70000\nenv = [\"NOEQUALS\"]\n",
+        )
+        .unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        let file = path.display();
+        assert_eq!(
+            err,
+            format!(
+                "{file}: line 2: drain_timeout_s: invalid type: string \"soon\", expected f64\n\
+                 {file}: line 4: replica.port: invalid value: integer `70000`, expected u16"
+            )
+        );
+        // Once the types are right, a rule checked after loading is placed at its line too.
+        std::fs::write(&path, "[replica]\nenv = [\"NOEQUALS\"]\n").unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("{file}: line 2: replica.env: \"NOEQUALS\" is not NAME=value")
+        );
     }
 
     #[test]

@@ -15,4 +15,5 @@ pub mod reconcile;
 pub mod replica;
 pub mod serving;
 pub mod state;
+pub mod tls;
 pub mod uplink;

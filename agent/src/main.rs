@@ -58,7 +58,13 @@ async fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Validate { config } => {
-            AgentConfig::load(config.as_deref())?;
+            let cfg = AgentConfig::load(config.as_deref())?;
+            // The TLS files: readable, and the node's certificate signed by the CA.
+            nightshift_agent::uplink::Uplink::with_tls(
+                &cfg.coordinator,
+                &cfg.node_name(),
+                &cfg.tls,
+            )?;
             println!("configuration is valid");
             Ok(())
         }

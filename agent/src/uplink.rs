@@ -1,37 +1,91 @@
 //! The agent's side of the agent protocol: register, heartbeat, and the long-poll for the
 //! node's desired state.
+//!
+//! Plain HTTP, or HTTPS with mutual TLS (rustls on ring, see [`crate::tls`]): the agent
+//! trusts only the cluster CA and presents its node's certificate. Every call has a connect
+//! timeout and a whole-request timeout.
 
 use std::time::Duration;
 
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use nightshift_common::{ApiError, DesiredNode, Heartbeat, RegisterReply, RegisterRequest};
-use reqwest::StatusCode;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::tls::{AgentTlsConfig, TlsFileError};
 
 /// How long a long-poll waits on the coordinator before it answers unchanged.
 pub const LONG_POLL: Duration = Duration::from_secs(25);
+/// How long the TCP connection may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a register or heartbeat may take, answer included.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UplinkError {
     #[error("coordinator at {url} unreachable: {source}")]
-    Unreachable { url: String, source: reqwest::Error },
+    Unreachable { url: String, source: BoxError },
     #[error("coordinator does not know node {0}; registering again")]
     UnknownNode(String),
     #[error("coordinator refused: {status}: {error}")]
     Refused { status: StatusCode, error: String },
+    #[error("coordinator url {url:?}: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("{0}")]
+    Tls(#[from] TlsFileError),
 }
 
 #[derive(Clone)]
 pub struct Uplink {
     base: String,
     node: String,
-    client: reqwest::Client,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl Uplink {
-    pub fn new(base: &str, node: &str) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .timeout(LONG_POLL + Duration::from_secs(10))
-            .build()?;
+    /// An uplink over plain HTTP (or HTTPS trusting no one: tests of refusal).
+    pub fn new(base: &str, node: &str) -> Result<Self, UplinkError> {
+        Self::with_tls(base, node, &AgentTlsConfig::default())
+    }
+
+    /// An uplink that, for an `https://` coordinator, trusts `tls.ca_file` only and presents
+    /// `tls.cert_file`.
+    pub fn with_tls(base: &str, node: &str, tls: &AgentTlsConfig) -> Result<Self, UplinkError> {
+        let bad = |reason: &str| UplinkError::BadUrl {
+            url: base.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let config = match tls.client_config()? {
+            Some(config) => config,
+            None if base.starts_with("https://") => {
+                return Err(bad("https needs tls.ca_file (the cluster CA)"));
+            }
+            // Plain HTTP: an empty trust store, so that no https:// peer is ever trusted.
+            None => rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(&e.to_string()))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        };
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Self {
             base: base.trim_end_matches('/').to_owned(),
             node: node.to_owned(),
@@ -41,26 +95,13 @@ impl Uplink {
 
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterReply, UplinkError> {
         let url = format!("{}/v1/agents/register", self.base);
-        self.send(
-            self.client
-                .post(&url)
-                .json(req)
-                .timeout(Duration::from_secs(10)),
-            &url,
-        )
-        .await
+        self.send(Method::POST, &url, Some(req), CALL_TIMEOUT).await
     }
 
     pub async fn heartbeat(&self, beat: &Heartbeat) -> Result<DesiredNode, UplinkError> {
         let url = format!("{}/v1/agents/{}/heartbeat", self.base, self.node);
-        self.send(
-            self.client
-                .post(&url)
-                .json(beat)
-                .timeout(Duration::from_secs(10)),
-            &url,
-        )
-        .await
+        self.send(Method::POST, &url, Some(beat), CALL_TIMEOUT)
+            .await
     }
 
     /// Answers as soon as the desired version moves past `after`, or after [`LONG_POLL`].
@@ -71,26 +112,56 @@ impl Uplink {
             self.node,
             LONG_POLL.as_millis()
         );
-        self.send(self.client.get(&url), &url).await
+        self.send::<(), _>(Method::GET, &url, None, LONG_POLL + CALL_TIMEOUT)
+            .await
     }
 
-    async fn send<T: serde::de::DeserializeOwned>(
+    async fn send<B: Serialize, T: DeserializeOwned>(
         &self,
-        req: reqwest::RequestBuilder,
+        method: Method,
         url: &str,
+        body: Option<&B>,
+        timeout: Duration,
     ) -> Result<T, UplinkError> {
-        let unreachable = |source| UplinkError::Unreachable {
+        let unreachable = |source: BoxError| UplinkError::Unreachable {
             url: url.to_owned(),
             source,
         };
-        let resp = req.send().await.map_err(unreachable)?;
-        let status = resp.status();
-        if status.is_success() {
-            return resp.json().await.map_err(unreachable);
-        }
-        let error = resp
-            .json::<ApiError>()
+        let bytes = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| unreachable(e.into()))?,
+            None => Vec::new(),
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(url)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| UplinkError::BadUrl {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let call = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| unreachable(e.into()))?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| unreachable(e.into()))?
+                .to_bytes();
+            Ok::<_, UplinkError>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(timeout, call)
             .await
+            .map_err(|_| unreachable(format!("no answer within {timeout:?}").into()))??;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|e| unreachable(e.into()));
+        }
+        let error = serde_json::from_slice::<ApiError>(&body)
             .map_or_else(|e| format!("unreadable error body: {e}"), |e| e.error);
         if status == StatusCode::NOT_FOUND && error.contains("not registered") {
             return Err(UplinkError::UnknownNode(self.node.clone()));

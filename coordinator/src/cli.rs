@@ -45,12 +45,44 @@ pub struct Cli {
     )]
     pub coordinator: String,
 
+    /// An API token (`nightshift-coordinator token create`), sent with every request.
+    #[arg(
+        long,
+        global = true,
+        env = "NIGHTSHIFT_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<Secret>,
+
     /// How to print results.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// A secret from the command line or the environment: its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+/// The client for the coordinator the command line names, with its token.
+fn client(cli: &Cli) -> Result<Client, ClientError> {
+    Ok(Client::new(&cli.coordinator)?.with_token(cli.token.as_ref().map(|t| t.0.clone())))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -284,7 +316,7 @@ async fn execute(
         Command::Submit { file } => {
             // Read and validate first: a bad file never costs a request.
             let spec = read_job_file(file, stdin)?;
-            let job = Client::new(&cli.coordinator)?.submit(&spec).await?;
+            let job = client(cli)?.submit(&spec).await?;
             print(out, json, &job, || {
                 format!(
                     "submitted job {} ({}), now {}\n",
@@ -295,17 +327,17 @@ async fn execute(
             })?;
         }
         Command::Jobs => {
-            let list = Client::new(&cli.coordinator)?.jobs().await?;
+            let list = client(cli)?.jobs().await?;
             print(out, json, &list, || render_jobs(&list.jobs, now_ms()))?;
         }
         Command::Job {
             command: JobCommand::Show { id },
         } => {
-            let job = Client::new(&cli.coordinator)?.job(*id).await?;
+            let job = client(cli)?.job(*id).await?;
             print(out, json, &job, || render_job(&job, now_ms()))?;
         }
         Command::Cancel { id } => {
-            let job = Client::new(&cli.coordinator)?.cancel(*id).await?;
+            let job = client(cli)?.cancel(*id).await?;
             print(out, json, &job, || {
                 format!(
                     "job {} ({}) is now {}\n",
@@ -316,7 +348,7 @@ async fn execute(
             })?;
         }
         Command::Nodes => {
-            let list = Client::new(&cli.coordinator)?.nodes().await?;
+            let list = client(cli)?.nodes().await?;
             print(out, json, &list, || render_nodes(&list.nodes, now_ms()))?;
         }
         Command::Report { since, until, by } => {

@@ -134,6 +134,8 @@ pub struct Client {
     /// The base as the user would write it, for messages.
     shown: String,
     request_timeout: Duration,
+    /// Sent as `Authorization: Bearer`; never logged or shown.
+    token: Option<String>,
 }
 
 impl fmt::Debug for Client {
@@ -195,7 +197,14 @@ impl Client {
             base,
             shown,
             request_timeout: request,
+            token: None,
         })
+    }
+
+    /// Sends `token` (an API token, `NIGHTSHIFT_TOKEN`) with every request.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
     }
 
     /// The coordinator's base URL, without a trailing `/`.
@@ -303,6 +312,9 @@ impl Client {
         let request = format!("{method} {url}");
         tracing::debug!(%method, %url, "request");
         let mut builder = self.http.request(method, url);
+        if let Some(token) = &self.token {
+            builder = builder.bearer_auth(token);
+        }
         if let Some(body) = body {
             builder = builder.json(body);
         }
@@ -568,7 +580,7 @@ pub(crate) mod fake {
 mod tests {
     use axum::Router;
     use axum::routing::get;
-    use nightshift_common::JobState;
+    use nightshift_common::{JobState, NodeList};
 
     use super::fake::{self, serve};
     use super::*;
@@ -655,6 +667,35 @@ mod tests {
                  (is nightshift-coordinator running? set --coordinator or NIGHTSHIFT_URL)"
             )
         );
+    }
+
+    #[tokio::test]
+    async fn a_token_goes_as_a_bearer_and_is_never_shown() {
+        use axum::http::HeaderMap;
+        let router = Router::new().route(
+            "/v1/nodes",
+            get(|headers: HeaderMap| async move {
+                let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+                if auth == Some("Bearer nst_secret") {
+                    Ok(axum::Json(NodeList { nodes: vec![] }))
+                } else {
+                    let error = ApiError {
+                        error: "an API token is required".into(),
+                        field: None,
+                    };
+                    Err((StatusCode::UNAUTHORIZED, axum::Json(error)))
+                }
+            }),
+        );
+        let (url, _) = serve(router).await;
+        let anonymous = Client::new(&url).unwrap();
+        let err = anonymous.nodes().await.unwrap_err();
+        assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
+        let client = Client::new(&url)
+            .unwrap()
+            .with_token(Some("nst_secret".into()));
+        assert!(client.nodes().await.unwrap().nodes.is_empty());
+        assert!(!format!("{client:?}").contains("nst_secret"));
     }
 
     #[test]

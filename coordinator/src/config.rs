@@ -26,6 +26,10 @@ pub struct CoordinatorConfig {
     /// First port of gang rendezvous (`MASTER_PORT` = base + job id % 1000).
     pub rendezvous_port_base: u16,
     pub accounting: AccountingConfig,
+    /// HTTPS with agents' client certificates; plain HTTP when absent.
+    pub tls: Option<TlsConfig>,
+    /// What a job may ask for.
+    pub policy: crate::policy::PolicyConfig,
 }
 
 /// What a harvested GPU-hour is worth, for `nightshift report`.
@@ -45,6 +49,18 @@ impl Default for AccountingConfig {
     }
 }
 
+/// The coordinator's TLS files (`nightshift-coordinator tls init` writes them).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The cluster CA: an agent's certificate must be signed by it.
+    pub ca_file: PathBuf,
+    /// The coordinator's certificate chain, PEM.
+    pub cert_file: PathBuf,
+    /// Its private key, PEM.
+    pub key_file: PathBuf,
+}
+
 impl Default for CoordinatorConfig {
     fn default() -> Self {
         let core = CoreConfig::default();
@@ -58,6 +74,8 @@ impl Default for CoordinatorConfig {
             team_weights: BTreeMap::new(),
             rendezvous_port_base: core.rendezvous_port_base,
             accounting: AccountingConfig::default(),
+            tls: None,
+            policy: crate::policy::PolicyConfig::default(),
         }
     }
 }
@@ -151,6 +169,12 @@ impl Default for ScaleUpConfig {
 pub enum ConfigError {
     #[error("{0}")]
     Load(#[from] config::ConfigError),
+    /// The file on its own: every syntax error, wrong type and unknown key, with its line.
+    #[error("{0}")]
+    File(#[from] nightshift_configfile::FileError),
+    /// A rule broken by a key of the file, at its line.
+    #[error("{0}")]
+    Located(nightshift_configfile::Problem),
     #[error("{key}: {rule}")]
     Invalid { key: String, rule: String },
 }
@@ -162,6 +186,9 @@ fn ms(seconds: f64) -> u64 {
 impl CoordinatorConfig {
     /// Reads `file` (when given) and the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let lines = file
+            .map(nightshift_configfile::check_file::<Self>)
+            .transpose()?;
         let mut builder = config::Config::builder();
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
@@ -174,7 +201,12 @@ impl CoordinatorConfig {
             )
             .build()?
             .try_deserialize()?;
-        cfg.validate()?;
+        cfg.validate().map_err(|e| match (e, &lines) {
+            (ConfigError::Invalid { key, rule }, Some(lines)) => {
+                ConfigError::Located(lines.problem(&key, rule))
+            }
+            (e, _) => e,
+        })?;
         Ok(cfg)
     }
 
@@ -426,6 +458,28 @@ mod tests {
     }
 
     #[test]
+    fn every_problem_of_the_file_is_named_with_its_line() {
+        let (_d, path) = write(
+            "listen = \"127.0.0.1:7400\"\nheartbeat_interval_ms = \"often\"\n\
+             [[services]]\nname = \"chat\"\nmin_replica = 2\n",
+        );
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        let file = path.display();
+        assert_eq!(
+            err,
+            format!(
+                "{file}: line 2: heartbeat_interval_ms: invalid type: string \"often\", expected u64\n\
+                 {file}: line 5: services[0].min_replica: unknown field `min_replica`, expected one \
+                 of `name`, `min_replicas`, `cooldown_s`, `gateway_signal_ttl_s`, `scale_down`, \
+                 `scale_up`, `max_replicas`, `headroom`, `harvest_windows`, `utc_offset_minutes`, \
+                 `predictive`, `default_reclaim_lead_s`"
+            )
+        );
+    }
+
+    #[test]
     fn a_short_lease_is_refused() {
         let (_d, path) = write("heartbeat_interval_ms = 1000\nlease_ttl_ms = 1500\n");
         let err = CoordinatorConfig::load(Some(&path))
@@ -433,7 +487,10 @@ mod tests {
             .to_string();
         assert_eq!(
             err,
-            "lease_ttl_ms: must be at least twice heartbeat_interval_ms"
+            format!(
+                "{}: line 2: lease_ttl_ms: must be at least twice heartbeat_interval_ms",
+                path.display()
+            )
         );
     }
 
@@ -466,7 +523,11 @@ mod tests {
             let err = CoordinatorConfig::load(Some(&path))
                 .unwrap_err()
                 .to_string();
-            assert_eq!(err, expected);
+            // The error names the file and the line too: the rule is what this test checks.
+            assert!(
+                err.ends_with(&format!(": {expected}")),
+                "{err}\n  should end with {expected}"
+            );
         }
         let (_d, path) = write(
             "[[services]]\nname = \"chat\"\nharvest_windows = [\"Mon-Fri 20:00-08:00\"]\nmax_replicas = 4\n",

@@ -420,6 +420,8 @@ async fn start_coordinator(data_dir: &Path) -> anyhow::Result<DemoCoordinator> {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: data_dir.to_owned(),
         heartbeat_interval_ms: 250,
+        tls: None,
+        policy: Default::default(),
         lease_ttl_ms: 15_000,
         services: vec![ServiceConfig {
             name: "default".into(),

@@ -1,5 +1,6 @@
 //! nightshift-coordinator: the coordinator service and the CLI.
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod cluster;
@@ -7,8 +8,12 @@ pub mod config;
 pub mod demo;
 pub mod gateway;
 pub mod http;
+pub mod https;
 pub mod loadgen;
 pub mod metrics;
+pub mod pki;
+pub mod policy;
+pub mod ratelimit;
 pub mod report;
 pub mod server;
 pub mod simulate;

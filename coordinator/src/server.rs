@@ -30,8 +30,19 @@ pub async fn serve(
     cluster: Arc<Cluster>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let ticker = tokio::spawn(tick(cluster.clone()));
-    let app = crate::http::router(cluster);
+    let app = crate::http::router(cluster.clone());
+    serve_app(listener, cluster, app, shutdown).await
+}
+
+/// Serves `app` (the API of `cluster`, e.g. with access control) on `listener` until
+/// `shutdown` completes.
+pub async fn serve_app(
+    listener: TcpListener,
+    cluster: Arc<Cluster>,
+    app: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let ticker = tokio::spawn(tick(cluster));
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
@@ -41,7 +52,7 @@ pub async fn serve(
 
 /// Wakes the core at its next deadline (lease expiries, scaling windows), at least twice a
 /// second.
-async fn tick(cluster: Arc<Cluster>) {
+pub(crate) async fn tick(cluster: Arc<Cluster>) {
     loop {
         let now = now_ms();
         let wait = cluster.next_deadline().map_or(MAX_TICK, |d| {

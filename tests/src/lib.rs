@@ -177,6 +177,8 @@ pub fn coordinator_config(data_dir: &Path) -> CoordinatorConfig {
         data_dir: data_dir.to_owned(),
         heartbeat_interval_ms: 200,
         lease_ttl_ms: 10_000,
+        tls: None,
+        policy: Default::default(),
         services: vec![ServiceConfig {
             name: "default".into(),
             min_replicas: 0,

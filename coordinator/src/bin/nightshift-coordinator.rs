@@ -30,10 +30,58 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Check a configuration file and exit.
+    /// Check a configuration file (and the TLS files it names) and exit.
     Validate {
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// The cluster's certificates for mutual TLS between agents and the coordinator.
+    #[command(subcommand)]
+    Tls(TlsCommand),
+    /// API tokens (stored hashed in the data directory).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token and print it, once. Until the first token exists the API is open.
+    Create {
+        #[arg(long, value_enum)]
+        role: nightshift_coordinator::auth::Role,
+        /// The team a researcher acts for (the owner of its jobs).
+        #[arg(long)]
+        team: Option<String>,
+        /// Who holds the token, for the audit log.
+        #[arg(long, default_value = "unnamed")]
+        name: String,
+        /// The coordinator's data directory (where tokens.json lives).
+        #[arg(long, default_value = "/var/lib/nightshift/coordinator")]
+        data_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// Create the cluster CA and the coordinator's server certificate.
+    Init {
+        /// Where to write ca.pem, ca.key, coordinator.pem and coordinator.key.
+        #[arg(long, default_value = "/etc/nightshift/tls")]
+        dir: PathBuf,
+        /// A DNS name or IP address agents use to reach the coordinator (repeatable).
+        #[arg(long = "server-name", required = true)]
+        server_names: Vec<String>,
+    },
+    /// Issue an agent's client certificate: its common name is the node it may speak for.
+    Issue {
+        #[arg(long)]
+        node: String,
+        /// The directory holding ca.key; the certificate is written there as NODE.pem and
+        /// NODE.key unless --out says otherwise.
+        #[arg(long, default_value = "/etc/nightshift/tls")]
+        dir: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -57,8 +105,30 @@ async fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Validate { config } => {
-            CoordinatorConfig::load(config.as_deref())?;
+            let cfg = CoordinatorConfig::load(config.as_deref())?;
+            if let Some(tls) = &cfg.tls {
+                nightshift_coordinator::https::server_config(tls)?;
+            }
             println!("configuration is valid");
+            Ok(())
+        }
+        Command::Tls(command) => tls(command),
+        Command::Token(TokenCommand::Create {
+            role,
+            team,
+            name,
+            data_dir,
+        }) => {
+            let tokens = nightshift_coordinator::auth::Tokens::open(&data_dir)?;
+            let now = nightshift_coordinator::cluster::now_ms();
+            let (record, token) = tokens.create(&name, role, team.as_deref(), now)?;
+            eprintln!(
+                "token {} ({}, role {}) created; it is shown once:",
+                record.id,
+                record.name,
+                record.role.as_str()
+            );
+            println!("{token}");
             Ok(())
         }
         Command::Serve {
@@ -73,12 +143,83 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if let Some(dir) = data_dir {
                 cfg.data_dir = dir;
             }
+            let tls = cfg
+                .tls
+                .as_ref()
+                .map(nightshift_coordinator::https::server_config)
+                .transpose()?;
             let cluster = server::open(&cfg)?;
+            let access = nightshift_coordinator::http::access_for(&cfg, cluster.clone())?;
+            if access.tokens.is_empty() {
+                tracing::warn!(
+                    "no API tokens: the API is open to anyone who reaches it; \
+                     create one with nightshift-coordinator token create --role admin"
+                );
+            }
+            let app =
+                nightshift_coordinator::http::app(cluster.clone(), access, cfg.policy.clone());
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
-            tracing::info!(addr = %listener.local_addr()?, "coordinator listening");
-            server::serve(listener, cluster, shutdown_signal()).await
+            tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), "coordinator listening");
+            match tls {
+                Some(tls) => {
+                    nightshift_coordinator::https::serve_tls_app(
+                        listener,
+                        cluster,
+                        app,
+                        tls,
+                        shutdown_signal(),
+                    )
+                    .await
+                }
+                None => server::serve_app(listener, cluster, app, shutdown_signal()).await,
+            }
+        }
+    }
+}
+
+fn tls(command: TlsCommand) -> anyhow::Result<()> {
+    use nightshift_coordinator::pki;
+    match command {
+        TlsCommand::Init { dir, server_names } => {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+            let ca = pki::new_ca()?;
+            let server = pki::issue(&ca.key_pem, pki::Leaf::Server(&server_names))?;
+            pki::write_pair(&dir.join(pki::CA_CERT), &dir.join(pki::CA_KEY), &ca)?;
+            pki::write_pair(
+                &dir.join(pki::SERVER_CERT),
+                &dir.join(pki::SERVER_KEY),
+                &server,
+            )?;
+            println!(
+                "wrote {dir}/{{{ca},{cak},{sc},{sk}}}; keep {cak} off the network, and set \
+                 [tls] ca_file, cert_file, key_file in coordinator.toml",
+                dir = dir.display(),
+                ca = pki::CA_CERT,
+                cak = pki::CA_KEY,
+                sc = pki::SERVER_CERT,
+                sk = pki::SERVER_KEY,
+            );
+            Ok(())
+        }
+        TlsCommand::Issue { node, dir, out } => {
+            let ca_key = pki::read(&dir.join(pki::CA_KEY))?;
+            let issued = pki::issue(&ca_key, pki::Leaf::Agent(&node))?;
+            let out = out.unwrap_or(dir);
+            let (cert, key) = (
+                out.join(format!("{node}.pem")),
+                out.join(format!("{node}.key")),
+            );
+            pki::write_pair(&cert, &key, &issued)?;
+            println!(
+                "wrote {} and {}; copy them with {} to the agent's host and set [tls] in agent.toml",
+                cert.display(),
+                key.display(),
+                pki::CA_CERT
+            );
+            Ok(())
         }
     }
 }

@@ -1,9 +1,12 @@
 //! The coordinator's HTTP shell. Handlers only parse requests and translate them into core
 //! calls through [`Cluster::apply`]; they never touch state themselves.
 
+pub mod access;
 mod agents;
+mod identity;
 mod jobs;
 mod nodes;
+mod policy;
 mod report;
 mod services;
 
@@ -22,9 +25,39 @@ use crate::cluster::{ApplyError, Cluster};
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// The API without access control (tests, the demo).
 pub fn router(cluster: Arc<Cluster>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+    build(cluster, None, crate::policy::PolicyConfig::default())
+}
+
+/// The API with API tokens and roles ([`access`]).
+pub fn app(
+    cluster: Arc<Cluster>,
+    access: access::AccessState,
+    policy: crate::policy::PolicyConfig,
+) -> Router {
+    build(cluster, Some(access), policy)
+}
+
+/// The access control of the coordinator configured by `cfg`: the tokens of its data
+/// directory.
+pub fn access_for(
+    cfg: &crate::config::CoordinatorConfig,
+    cluster: Arc<Cluster>,
+) -> Result<access::AccessState, crate::auth::AuthError> {
+    Ok(access::AccessState {
+        tokens: Arc::new(crate::auth::Tokens::open(&cfg.data_dir)?),
+        cluster,
+        limiter: Arc::new(crate::ratelimit::RateLimiter::default()),
+    })
+}
+
+fn build(
+    cluster: Arc<Cluster>,
+    access: Option<access::AccessState>,
+    policy: crate::policy::PolicyConfig,
+) -> Router {
+    let mut api = Router::new()
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
@@ -34,11 +67,32 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route("/v1/services/{name}/http_sd", get(services::http_sd))
         .route("/metrics", get(metrics))
         .route("/v1/services/{name}/gateway", post(nodes::gateway))
+        // Policy runs after access control, which fixes a researcher's job owner.
+        .route_layer(axum::middleware::from_fn_with_state(
+            policy::PolicyState {
+                policy: Arc::new(policy),
+                cluster: cluster.clone(),
+            },
+            policy::check,
+        ));
+    if let Some(access) = access {
+        api = api.route_layer(axum::middleware::from_fn_with_state(access, access::check));
+    }
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(api)
+        .merge(agent_routes())
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(cluster)
+}
+
+/// The agent protocol; over HTTPS only for the node that the client certificate names.
+fn agent_routes() -> Router<Arc<Cluster>> {
+    Router::new()
         .route("/v1/agents/register", post(agents::register))
         .route("/v1/agents/{node}/heartbeat", post(agents::heartbeat))
         .route("/v1/agents/{node}/desired", get(agents::desired))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(cluster)
+        .route_layer(axum::middleware::from_fn(identity::agent_identity))
 }
 
 async fn metrics(axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>) -> Response {

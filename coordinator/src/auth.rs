@@ -1,0 +1,275 @@
+//! API tokens with roles, stored hashed.
+//!
+//! `nightshift-coordinator token create --role R [--team T]` prints a token once; only its
+//! SHA-256 is kept, in `DATA_DIR/tokens.json` (mode 0600). The tokens are 256 random bits,
+//! so a plain hash is enough: there is nothing to guess that a slow hash would protect. The
+//! file belongs to the data directory's owner (the service user), whoever creates a token.
+//! A running coordinator rereads the file when it meets a token it does not know, so a token
+//! created while it runs works at once.
+//!
+//! Roles: `admin` may do everything; `operator` runs the cluster (jobs of every team, gateway
+//! signals); `researcher` sees every queue, but submits only as its team and cancels only its
+//! team's jobs.
+
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use ring::digest::{SHA256, digest};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+
+/// Every token starts with this, so that a leaked one is easy to recognise (and to grep for).
+pub const TOKEN_PREFIX: &str = "nst_";
+const FILE: &str = "tokens.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Admin,
+    Operator,
+    Researcher,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Operator => "operator",
+            Self::Researcher => "researcher",
+        }
+    }
+}
+
+/// A token as stored: never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRecord {
+    pub id: u64,
+    pub name: String,
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// Hex SHA-256 of the token.
+    pub sha256: String,
+    pub created_at: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    tokens: Vec<TokenRecord>,
+}
+
+/// Who is calling: what a verified token stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub token_id: u64,
+    pub name: String,
+    pub role: Role,
+    pub team: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("--team is required for the researcher role (a researcher acts for one team)")]
+    TeamRequired,
+    #[error("no randomness from the operating system")]
+    Random,
+}
+
+/// The token file of one coordinator.
+pub struct Tokens {
+    path: PathBuf,
+    records: RwLock<Vec<TokenRecord>>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hash(token: &str) -> String {
+    hex(digest(&SHA256, token.as_bytes()).as_ref())
+}
+
+impl Tokens {
+    /// The tokens of `data_dir` (none when it has no token file yet).
+    pub fn open(data_dir: &Path) -> Result<Self, AuthError> {
+        let path = data_dir.join(FILE);
+        let records = read(&path)?;
+        Ok(Self {
+            path,
+            records: RwLock::new(records),
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.read().map_or(true, |r| r.is_empty())
+    }
+
+    /// Creates a token; returns its record and the token, which is shown once and never
+    /// stored.
+    pub fn create(
+        &self,
+        name: &str,
+        role: Role,
+        team: Option<&str>,
+        now: u64,
+    ) -> Result<(TokenRecord, String), AuthError> {
+        if role == Role::Researcher && team.is_none() {
+            return Err(AuthError::TeamRequired);
+        }
+        let mut secret = [0u8; 32];
+        SystemRandom::new()
+            .fill(&mut secret)
+            .map_err(|_| AuthError::Random)?;
+        let token = format!("{TOKEN_PREFIX}{}", hex(&secret));
+        let mut records = read(&self.path)?;
+        let record = TokenRecord {
+            id: records.iter().map(|r| r.id).max().unwrap_or(0) + 1,
+            name: name.to_owned(),
+            role,
+            team: team.map(str::to_owned),
+            sha256: hash(&token),
+            created_at: now,
+        };
+        records.push(record.clone());
+        write(&self.path, &records)?;
+        if let Ok(mut r) = self.records.write() {
+            *r = records;
+        }
+        Ok((record, token))
+    }
+
+    /// The principal of `token`, if it is one of ours. Rereads the file once on a miss.
+    pub fn verify(&self, token: &str) -> Option<Principal> {
+        let wanted = hash(token);
+        let find = |records: &[TokenRecord]| {
+            records
+                .iter()
+                // Equal-length hex of a hash: comparing it leaks nothing about the token.
+                .find(|r| r.sha256 == wanted)
+                .map(|r| Principal {
+                    token_id: r.id,
+                    name: r.name.clone(),
+                    role: r.role,
+                    team: r.team.clone(),
+                })
+        };
+        if let Some(p) = self.records.read().ok().and_then(|r| find(&r)) {
+            return Some(p);
+        }
+        let fresh = read(&self.path).ok()?;
+        let found = find(&fresh);
+        if let Ok(mut r) = self.records.write() {
+            *r = fresh;
+        }
+        found
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<TokenRecord>, AuthError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice::<TokenFile>(&bytes)
+            .map(|f| f.tokens)
+            .map_err(|source| AuthError::Parse {
+                path: path.to_owned(),
+                source,
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(source) => Err(AuthError::Io {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Writes the file whole (a temporary file renamed over it), readable by its owner only.
+fn write(path: &Path, records: &[TokenRecord]) -> Result<(), AuthError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| AuthError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec_pretty(&TokenFile {
+        tokens: records.to_vec(),
+    })
+    .map_err(|source| AuthError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(&text).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    // `token create` runs as root; the service runs as the data directory's owner.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    if let (Ok(d), Ok(t)) = (std::fs::metadata(dir), f.metadata()) {
+        use std::os::unix::fs::MetadataExt;
+        if (d.uid(), d.gid()) != (t.uid(), t.gid()) {
+            std::os::unix::fs::chown(&tmp, Some(d.uid()), Some(d.gid())).map_err(io)?;
+        }
+    }
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_stored_hashed_and_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::open(dir.path()).unwrap();
+        assert!(tokens.is_empty());
+        let (record, token) = tokens
+            .create("alice", Role::Researcher, Some("nlp"), 1)
+            .unwrap();
+        assert!(
+            token.starts_with(TOKEN_PREFIX) && token.len() == 4 + 64,
+            "{token}"
+        );
+        let stored = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
+        assert!(!stored.contains(&token[4..]), "the token itself is stored");
+        assert!(stored.contains(&record.sha256));
+
+        // A second view of the same file (the running coordinator) learns of it on a miss.
+        let running = Tokens::open(dir.path()).unwrap();
+        let (_, admin) = tokens.create("root", Role::Admin, None, 2).unwrap();
+        let p = running.verify(&admin).unwrap();
+        assert_eq!((p.role, p.team, p.token_id), (Role::Admin, None, 2));
+        assert_eq!(running.verify(&token).unwrap().team.as_deref(), Some("nlp"));
+        assert_eq!(running.verify("nst_00"), None);
+
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_researcher_needs_a_team() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::open(dir.path()).unwrap();
+        let err = tokens.create("bob", Role::Researcher, None, 1).unwrap_err();
+        assert!(err.to_string().starts_with("--team is required"), "{err}");
+    }
+}

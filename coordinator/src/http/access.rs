@@ -1,0 +1,166 @@
+//! Who may call the API (jobs, nodes, gateway signals): a bearer token and its role.
+//!
+//! Once the coordinator has any token (`nightshift-coordinator token create`), every API
+//! call needs one (401 without, or with an unknown one). Until then the API is open, as in
+//! tests and the demo, and the coordinator warns at start. Reading is open to every role;
+//! a researcher submits only as its team (the job's `owner`) and cancels only its team's
+//! jobs (403); gateway signals are for operators and admins. Every call that changes
+//! something is written to the audit log (target `nightshift::audit`), by token name and
+//! role, never by token. Each token is held to a rate limit ([`RateLimiter`], 429 beyond).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use nightshift_common::JobSpec;
+
+use super::{HttpError, MAX_BODY};
+use crate::auth::{Principal, Role, Tokens};
+use crate::cluster::Cluster;
+use crate::ratelimit::RateLimiter;
+
+#[derive(Clone)]
+pub struct AccessState {
+    pub tokens: Arc<Tokens>,
+    pub cluster: Arc<Cluster>,
+    pub limiter: Arc<RateLimiter>,
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+fn forbidden(p: &Principal, what: impl Into<String>, field: Option<&str>) -> Response {
+    let who = match &p.team {
+        Some(team) => format!("{} (role {}, team {team})", p.name, p.role.as_str()),
+        None => format!("{} (role {})", p.name, p.role.as_str()),
+    };
+    HttpError::new(
+        StatusCode::FORBIDDEN,
+        format!("{who} {}", what.into()),
+        field,
+    )
+    .into_response()
+}
+
+pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Response {
+    let principal = match bearer(req.headers()) {
+        Some(token) => match s.tokens.verify(token) {
+            Some(p) => p,
+            None => {
+                return HttpError::new(StatusCode::UNAUTHORIZED, "unknown API token", None)
+                    .into_response();
+            }
+        },
+        None if s.tokens.is_empty() => return next.run(req).await,
+        None => {
+            return HttpError::new(
+                StatusCode::UNAUTHORIZED,
+                "an API token is required: set NIGHTSHIFT_TOKEN \
+                 (nightshift-coordinator token create --role ROLE)",
+                None,
+            )
+            .into_response();
+        }
+    };
+    if !s
+        .limiter
+        .allow(principal.token_id, std::time::Instant::now())
+    {
+        return HttpError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "token {} sends more than {} requests per second; slow down",
+                principal.name,
+                s.limiter.rate()
+            ),
+            None,
+        )
+        .into_response();
+    }
+    let method = req.method().clone();
+    if method == Method::GET || method == Method::HEAD {
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let req = match (principal.role, segments.as_slice()) {
+        (Role::Admin | Role::Operator, _) => req,
+        (Role::Researcher, ["v1", "jobs"]) => match as_team(&principal, req).await {
+            Ok(req) => req,
+            Err(refusal) => return refusal,
+        },
+        (Role::Researcher, ["v1", "jobs", id, "cancel"]) => {
+            let owner = id
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| s.cluster.read(|core, _| core.job(id)))
+                .map(|job| job.spec.owner);
+            match owner {
+                // An unknown job: the handler answers 404.
+                None => req,
+                Some(owner) if owner.is_some() && owner == principal.team => req,
+                Some(owner) => {
+                    return forbidden(
+                        &principal,
+                        format!(
+                            "may cancel only its team's jobs; job {id} belongs to {}",
+                            owner.as_deref().unwrap_or("no team")
+                        ),
+                        None,
+                    );
+                }
+            }
+        }
+        (Role::Researcher, _) => {
+            return forbidden(&principal, format!("may not {method} {path}"), None);
+        }
+    };
+    tracing::info!(
+        target: "nightshift::audit",
+        token_id = principal.token_id,
+        token_name = %principal.name,
+        role = principal.role.as_str(),
+        team = principal.team.as_deref().unwrap_or(""),
+        %method,
+        %path,
+        "api call"
+    );
+    next.run(req).await
+}
+
+/// A researcher's submission: the job's owner is its team (set when absent, refused when
+/// another). A body that is not a job goes on unchanged, for the handler to refuse.
+async fn as_team(p: &Principal, req: Request) -> Result<Request, Response> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|e| HttpError::bad_request(format!("unreadable body: {e}")).into_response())?;
+    let Ok(mut spec) = serde_json::from_slice::<JobSpec>(&bytes) else {
+        return Ok(Request::from_parts(parts, Body::from(bytes)));
+    };
+    match (&spec.owner, &p.team) {
+        (Some(owner), Some(team)) if owner != team => {
+            return Err(forbidden(
+                p,
+                format!("submits only as its team: owner must be {team}, not {owner}"),
+                Some("owner"),
+            ));
+        }
+        _ => spec.owner = p.team.clone(),
+    }
+    let bytes = serde_json::to_vec(&spec).map_err(|e| {
+        HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None).into_response()
+    })?;
+    let mut parts = parts;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}

@@ -1,0 +1,209 @@
+//! Serving the API over HTTPS (rustls on ring), with agents' client certificates.
+//!
+//! A client certificate is optional at the TLS level, so that the CLI can connect without
+//! one, but when given it must be signed by the cluster CA or the handshake fails. Each
+//! connection's requests carry a [`PeerNode`] extension: the node its certificate names, or
+//! none. The agent routes refuse a request without one, and one whose node is another
+//! ([`crate::http`]'s identity layer).
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, ServerConfig};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::cluster::Cluster;
+use crate::config::TlsConfig;
+
+/// Longest a TLS handshake may take before the connection is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The node named by the connection's client certificate; `PeerNode(None)` on a TLS
+/// connection without one. Absent on plain HTTP (no TLS configured).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerNode(pub Option<String>);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("{key} ({}): {reason}", path.display())]
+    File {
+        key: &'static str,
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("tls: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("tls.ca_file: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}
+
+fn file_err(key: &'static str, path: &Path, reason: impl ToString) -> TlsSetupError {
+    TlsSetupError::File {
+        key,
+        path: path.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The process's one crypto provider: ring.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Every certificate in a PEM file; at least one.
+pub fn load_certs(
+    key: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_err(key, path, format!("cannot read: {e}")))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_err(key, path, format!("not a PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(file_err(key, path, "holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+/// The private key of a PEM file.
+pub fn load_key(key: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| file_err(key, path, format!("no private key: {e}")))
+}
+
+/// Roots holding the CA certificates of `path`.
+pub fn load_roots(key: &'static str, path: &Path) -> Result<Arc<RootCertStore>, TlsSetupError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(key, path)? {
+        roots
+            .add(cert)
+            .map_err(|e| file_err(key, path, format!("not a usable CA certificate: {e}")))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// The server's TLS configuration: its certificate, and agents' certificates verified
+/// against the cluster CA.
+pub fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    let provider = provider();
+    let roots = load_roots("tls.ca_file", &tls.ca_file)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+        .allow_unauthenticated()
+        .build()?;
+    let chain = load_certs("tls.cert_file", &tls.cert_file)?;
+    let key = load_key("tls.key_file", &tls.key_file)?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| {
+            file_err(
+                "tls.key_file",
+                &tls.key_file,
+                format!("does not fit tls.cert_file: {e}"),
+            )
+        })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A client configuration that trusts `ca_file` and, when given, presents a certificate.
+pub fn client_config(
+    ca_file: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientConfig, TlsSetupError> {
+    let roots = load_roots("tls.ca_file", ca_file)?;
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    Ok(match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                load_certs("tls.cert_file", cert)?,
+                load_key("tls.key_file", key)?,
+            )
+            .map_err(|e| {
+                file_err(
+                    "tls.key_file",
+                    key,
+                    format!("does not fit tls.cert_file: {e}"),
+                )
+            })?,
+        None => builder.with_no_client_auth(),
+    })
+}
+
+/// Serves the API over TLS on `listener` until `shutdown` completes.
+pub async fn serve_tls(
+    listener: TcpListener,
+    cluster: Arc<Cluster>,
+    config: Arc<ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = crate::http::router(cluster.clone());
+    serve_tls_app(listener, cluster, app, config, shutdown).await
+}
+
+/// Serves `app` (the API of `cluster`, e.g. with access control) over TLS.
+pub async fn serve_tls_app(
+    listener: TcpListener,
+    cluster: Arc<Cluster>,
+    app: axum::Router,
+    config: Arc<ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let ticker = tokio::spawn(crate::server::tick(cluster));
+    let acceptor = TlsAcceptor::from(config);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, addr) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::info!(peer = %addr, error = %e, "tls handshake refused");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(peer = %addr, "tls handshake timed out");
+                    return;
+                }
+            };
+            let node = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|cert| crate::pki::common_name(cert));
+            let app = app.layer(axum::Extension(PeerNode(node)));
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
+                .await
+            {
+                tracing::debug!(peer = %addr, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    ticker.abort();
+    Ok(())
+}

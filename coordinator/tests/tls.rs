@@ -1,0 +1,228 @@
+//! Mutual TLS over real HTTPS: the coordinator refuses an agent without a certificate, an
+//! agent whose certificate names another node, and a certificate from another CA; the agent
+//! refuses a coordinator that the cluster CA did not sign.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nightshift_agent::tls::AgentTlsConfig;
+use nightshift_agent::uplink::{Uplink, UplinkError};
+use nightshift_common::{GpuInfo, RegisterRequest};
+use nightshift_coordinator::config::{CoordinatorConfig, TlsConfig};
+use nightshift_coordinator::pki::{self, Issued, Leaf};
+use nightshift_coordinator::{https, server};
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn write(&self, name: &str, issued: &Issued) -> (PathBuf, PathBuf) {
+        let (cert, key) = (
+            self.dir.path().join(format!("{name}.pem")),
+            self.dir.path().join(format!("{name}.key")),
+        );
+        pki::write_pair(&cert, &key, issued).unwrap();
+        (cert, key)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// The cluster CA with the coordinator's and node gpu-a's certificates, and a foreign CA
+/// with its own gpu-a certificate.
+fn cluster_pki() -> Pki {
+    let pki = Pki {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let ca = pki::new_ca().unwrap();
+    pki.write("ca", &ca);
+    let names = ["127.0.0.1".to_owned(), "localhost".to_owned()];
+    pki.write(
+        "coordinator",
+        &pki::issue(&ca.key_pem, Leaf::Server(&names)).unwrap(),
+    );
+    pki.write(
+        "gpu-a",
+        &pki::issue(&ca.key_pem, Leaf::Agent("gpu-a")).unwrap(),
+    );
+    let foreign = pki::new_ca().unwrap();
+    pki.write("foreign-ca", &foreign);
+    pki.write(
+        "foreign-gpu-a",
+        &pki::issue(&foreign.key_pem, Leaf::Agent("gpu-a")).unwrap(),
+    );
+    pki.write(
+        "foreign-coordinator",
+        &pki::issue(&foreign.key_pem, Leaf::Server(&names)).unwrap(),
+    );
+    pki
+}
+
+async fn start(pki: &Pki, server_cert: &str, data: &Path) -> String {
+    let tls = TlsConfig {
+        ca_file: pki.path("ca.pem"),
+        cert_file: pki.path(&format!("{server_cert}.pem")),
+        key_file: pki.path(&format!("{server_cert}.key")),
+    };
+    let cfg = CoordinatorConfig {
+        data_dir: data.to_owned(),
+        tls: Some(tls.clone()),
+        ..CoordinatorConfig::default()
+    };
+    let cluster = server::open(&cfg).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = https::server_config(&tls).unwrap();
+    tokio::spawn(https::serve_tls(
+        listener,
+        cluster,
+        config,
+        std::future::pending(),
+    ));
+    format!("https://{addr}")
+}
+
+fn agent_tls(pki: &Pki, ca: &str, identity: Option<&str>) -> AgentTlsConfig {
+    AgentTlsConfig {
+        ca_file: Some(pki.path(&format!("{ca}.pem"))),
+        cert_file: identity.map(|n| pki.path(&format!("{n}.pem"))),
+        key_file: identity.map(|n| pki.path(&format!("{n}.key"))),
+    }
+}
+
+fn registration(node: &str) -> RegisterRequest {
+    RegisterRequest {
+        node: node.to_owned(),
+        gpus: vec![GpuInfo {
+            index: 0,
+            uuid: format!("GPU-{node}-0"),
+            name: "fake".into(),
+            memory_total_bytes: 80 << 30,
+        }],
+        service: "default".into(),
+        address: None,
+        readiness_url: None,
+        agent_version: "test".into(),
+    }
+}
+
+fn refused(result: Result<impl std::fmt::Debug, UplinkError>) -> (StatusCode, String) {
+    match result {
+        Err(UplinkError::Refused { status, error }) => (status, error),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_agent_speaks_only_for_the_node_its_certificate_names() {
+    let pki = cluster_pki();
+    let data = tempfile::tempdir().unwrap();
+    let url = start(&pki, "coordinator", data.path()).await;
+
+    // gpu-a with its own certificate: registered.
+    let a = Uplink::with_tls(&url, "gpu-a", &agent_tls(&pki, "ca", Some("gpu-a"))).unwrap();
+    let reply = a.register(&registration("gpu-a")).await.unwrap();
+    assert_eq!(reply.node, "gpu-a");
+
+    // gpu-a's certificate claiming gpu-b: 403, for registration and for the node's routes.
+    let b = Uplink::with_tls(&url, "gpu-b", &agent_tls(&pki, "ca", Some("gpu-a"))).unwrap();
+    let (status, error) = refused(b.register(&registration("gpu-b")).await);
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(error, "the client certificate is for node gpu-a, not gpu-b");
+    let (status, _) = refused(b.desired(0).await);
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // No certificate at all: 401.
+    let anonymous = Uplink::with_tls(&url, "gpu-a", &agent_tls(&pki, "ca", None)).unwrap();
+    let (status, error) = refused(anonymous.register(&registration("gpu-a")).await);
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(error.contains("client certificate"), "{error}");
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_gets_no_answer() {
+    let pki = cluster_pki();
+    let data = tempfile::tempdir().unwrap();
+    let url = start(&pki, "coordinator", data.path()).await;
+
+    // The agent itself refuses to use it: its CA does not sign it.
+    let err = AgentTlsConfig {
+        cert_file: Some(pki.path("foreign-gpu-a.pem")),
+        key_file: Some(pki.path("foreign-gpu-a.key")),
+        ..agent_tls(&pki, "ca", None)
+    }
+    .client_config()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("tls.cert_file (")
+            && err.contains("is not an agent certificate signed by tls.ca_file"),
+        "{err}"
+    );
+
+    // Presented anyway, the coordinator ends the handshake: no HTTP answer comes back, where
+    // the cluster's own certificate for the same node gets one.
+    let addr = url.trim_start_matches("https://");
+    let ours = raw_register(addr, &pki, "gpu-a").await;
+    assert!(ours.starts_with("HTTP/1.1 200"), "{ours}");
+    let foreign = raw_register(addr, &pki, "foreign-gpu-a").await;
+    assert!(
+        !foreign.starts_with("HTTP/1.1"),
+        "a foreign certificate got an HTTP answer: {foreign}"
+    );
+}
+
+/// Registers gpu-a over a bare TLS connection presenting certificate `cert`; the answer.
+async fn raw_register(addr: &str, pki: &Pki, cert: &str) -> String {
+    let config = https::client_config(
+        &pki.path("ca.pem"),
+        Some((
+            &pki.path(&format!("{cert}.pem")),
+            &pki.path(&format!("{cert}.key")),
+        )),
+    )
+    .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let body = serde_json::to_string(&registration("gpu-a")).unwrap();
+    let request = format!(
+        "POST /v1/agents/register HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut answer = Vec::new();
+    if let Ok(mut tls) = connector.connect(name, tcp).await {
+        let _ = tls.write_all(request.as_bytes()).await;
+        let _ = tls.read_to_end(&mut answer).await;
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn the_agent_refuses_a_coordinator_the_cluster_ca_did_not_sign() {
+    let pki = cluster_pki();
+    let data = tempfile::tempdir().unwrap();
+    let url = start(&pki, "foreign-coordinator", data.path()).await;
+    let a = Uplink::with_tls(&url, "gpu-a", &agent_tls(&pki, "ca", Some("gpu-a"))).unwrap();
+    let err = a.register(&registration("gpu-a")).await.unwrap_err();
+    assert!(matches!(err, UplinkError::Unreachable { .. }), "{err:?}");
+    let chain = format!("{:?}", err);
+    assert!(chain.contains("InvalidCertificate"), "{chain}");
+}
+
+#[test]
+fn an_https_coordinator_without_a_ca_is_refused_before_starting() {
+    let err = Uplink::with_tls("https://c:7400", "gpu-a", &AgentTlsConfig::default())
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "coordinator url \"https://c:7400\": https needs tls.ca_file (the cluster CA)"
+    );
+}
