@@ -144,7 +144,7 @@ impl AgentConfig {
             .try_deserialize()?;
         cfg.validate().map_err(|e| match (e, &lines) {
             (ConfigError::Invalid { key, rule }, Some(lines)) => {
-                ConfigError::Located(lines.problem(&key, rule))
+                ConfigError::Located(lines.problem(key, rule))
             }
             (e, _) => e,
         })?;

@@ -33,10 +33,10 @@ pub async fn check(State(s): State<PolicyState>, req: Request, next: Next) -> Re
         tracing::info!(target: "nightshift::audit", rule = e.rule, field = %e.field, "job refused by policy");
         HttpError::new(StatusCode::FORBIDDEN, e.to_string(), Some(&e.field)).into_response()
     };
-    if let Ok(raw) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-        if let Err(e) = check_escapes(&raw) {
-            return refuse(e);
-        }
+    if let Ok(raw) = serde_json::from_slice::<serde_json::Value>(&bytes)
+        && let Err(e) = check_escapes(&raw)
+    {
+        return refuse(e);
     }
     // A body that is not a job goes on, for the handler to refuse with serde's message.
     if let Ok(spec) = serde_json::from_slice::<JobSpec>(&bytes) {
