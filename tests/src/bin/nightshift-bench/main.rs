@@ -90,6 +90,13 @@ enum Bench {
         /// Seconds between an agent's heartbeats.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
+        /// Heartbeats a job runs before its agent reports it finished (1: at the next one).
+        #[arg(long, default_value_t = 1)]
+        job_beats: u32,
+        /// The coordinator's data folder (a fresh temporary one by default); point it at a
+        /// tmpfs to take fsync out of the measurement.
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
     },
     /// The agent's CPU and RSS, sampled once a second while it serves.
     AgentFootprint {
@@ -183,8 +190,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             duration,
             jobs,
             interval,
+            job_beats,
+            data_dir,
         } => {
-            let report = coordinator(agents, duration, jobs, interval).await?;
+            let report = coordinator(agents, duration, jobs, interval, job_beats, data_dir).await?;
             if args.output == Output::Json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -258,7 +267,7 @@ fn clock_ticks() -> f64 {
     if v > 0 { v as f64 } else { 100.0 }
 }
 
-async fn start_coordinator() -> anyhow::Result<Coordinator> {
+async fn start_coordinator(data_dir: Option<std::path::PathBuf>) -> anyhow::Result<Coordinator> {
     let exe = std::env::current_exe()?;
     let bin = exe
         .parent()
@@ -287,7 +296,7 @@ async fn start_coordinator() -> anyhow::Result<Coordinator> {
             &format!("127.0.0.1:{port}"),
             "--data-dir",
         ])
-        .arg(dir.path().join("data"))
+        .arg(data_dir.unwrap_or_else(|| dir.path().join("data")))
         .arg("--config")
         .arg(&config)
         .env("RUST_LOG", "warn")
@@ -324,8 +333,8 @@ fn spec(i: u32) -> JobSpec {
 struct AgentState {
     serve: bool,
     version: u64,
-    /// Runs to report: leases seen, reported running once, then finished.
-    runs: Vec<(JobRun, bool)>,
+    /// Runs to report, with how many heartbeats have reported each.
+    runs: Vec<(JobRun, u32)>,
 }
 
 struct Shared {
@@ -339,8 +348,10 @@ async fn coordinator(
     duration: u64,
     jobs: u32,
     interval: f64,
+    job_beats: u32,
+    data_dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<CoordinatorReport> {
-    let c = start_coordinator().await?;
+    let c = start_coordinator(data_dir).await?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(4_096)
         .timeout(Duration::from_secs(10))
@@ -426,7 +437,7 @@ async fn coordinator(
                 if Instant::now() >= end {
                     return;
                 }
-                let beat = beat_of(&mut state);
+                let beat = beat_of(&mut state, job_beats);
                 let sent = Instant::now();
                 let r = http
                     .post(format!("{url}/v1/agents/{node}/heartbeat"))
@@ -488,18 +499,18 @@ async fn coordinator(
 
 /// What the agent reports: its replica idle (or stopped when lent), and each leased job
 /// running once, then finished.
-fn beat_of(state: &mut AgentState) -> Heartbeat {
+fn beat_of(state: &mut AgentState, job_beats: u32) -> Heartbeat {
     let jobs = state
         .runs
         .iter_mut()
-        .map(|(run, reported)| {
-            if *reported {
+        .map(|(run, beats)| {
+            if *beats >= job_beats {
                 run.state = JobRunState::Exited {
                     exit_code: 0,
                     stopped_by_agent: false,
                 };
             }
-            *reported = true;
+            *beats += 1;
             run.clone()
         })
         .collect();
@@ -551,7 +562,7 @@ fn absorb(state: &mut AgentState, desired: &DesiredNode) {
                     last_checkpoint_at: None,
                     outputs: Default::default(),
                 },
-                false,
+                0,
             ));
         }
     }
