@@ -108,6 +108,24 @@ pub struct ServingSignals {
     pub requests_running: Option<f64>,
     pub requests_waiting: Option<f64>,
     pub kv_cache_usage: Option<f64>,
+    /// Prompt tokens per second over the agent's window (counter resets are handled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_per_s: Option<f64>,
+    /// Generated tokens per second over the agent's window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_tokens_per_s: Option<f64>,
+    /// Time to first token, median over the window, from histogram deltas, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p50_s: Option<f64>,
+    /// Time to first token, 95th percentile over the window, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p95_s: Option<f64>,
+    /// How many engine cores (`engine` label values) the replica runs; unknown on V0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engines: Option<u32>,
+    /// `vllm:engine_sleep_state`: `awake`, `weights_offloaded` or `discard_all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep_state: Option<String>,
 }
 
 /// A job container on the node as the agent observes it.

@@ -102,6 +102,7 @@ impl Server {
                     requests_running: Some(0.0),
                     requests_waiting: Some(0.0),
                     kv_cache_usage: Some(0.0),
+                    ..Default::default()
                 },
             },
             jobs: vec![],

@@ -82,6 +82,7 @@ impl SimAgent {
                 requests_running: Some(0.0),
                 requests_waiting: Some(0.0),
                 kv_cache_usage: Some(0.0),
+                ..Default::default()
             },
             silent: false,
             fenced: BTreeMap::new(),
