@@ -9,6 +9,7 @@ pub mod drain;
 pub mod engine;
 pub mod gpus;
 pub mod job;
+pub mod probe;
 pub mod readiness;
 pub mod reclaim;
 pub mod reconcile;

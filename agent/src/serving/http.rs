@@ -325,7 +325,7 @@ fn endpoint(base_url: &str, path: &str) -> String {
 }
 
 /// An error and its sources, joined by ": ".
-fn chain(error: &dyn StdError) -> String {
+pub(crate) fn chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
