@@ -77,6 +77,9 @@ pub enum ReplicaState {
     Draining,
     /// No container running: its GPUs are free to lend.
     Stopped,
+    /// The container runs but vLLM sleeps (sleep mode): its weights are offloaded, its GPU
+    /// memory released, and the GPUs lent; waking it is much faster than a cold start.
+    Sleeping,
     /// The container exited on its own or could not be started.
     Failed,
 }
@@ -88,6 +91,7 @@ impl ReplicaState {
             Self::Serving => "serving",
             Self::Draining => "draining",
             Self::Stopped => "stopped",
+            Self::Sleeping => "sleeping",
             Self::Failed => "failed",
         }
     }

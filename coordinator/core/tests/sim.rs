@@ -137,9 +137,10 @@ impl SimAgent {
         if desired.serve && leases.is_empty() {
             self.replica = match self.replica {
                 _ if jobs_live => ReplicaState::Stopped,
-                ReplicaState::Stopped | ReplicaState::Draining | ReplicaState::Failed => {
-                    ReplicaState::Starting
-                }
+                ReplicaState::Stopped
+                | ReplicaState::Sleeping
+                | ReplicaState::Draining
+                | ReplicaState::Failed => ReplicaState::Starting,
                 ReplicaState::Starting | ReplicaState::Serving => ReplicaState::Serving,
             };
         } else {
