@@ -65,6 +65,30 @@ pub struct ReplicaConfig {
     /// How long vLLM gets to finish in-flight requests after SIGTERM before it is killed;
     /// match vLLM's `--shutdown-timeout`.
     pub shutdown_timeout_s: f64,
+    /// How the replica gives its GPUs back when the node is lent: `stop` the container, or
+    /// put vLLM to `sleep` (needs `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`), which
+    /// falls back to stopping when sleeping frees too little memory.
+    pub reclaim: ReclaimMode,
+    /// vLLM sleep level: 1 offloads the weights to CPU memory (fast wake), 2 discards them.
+    pub sleep_level: u8,
+    /// Longest wait for `/sleep?mode=wait` (in-flight requests finish first) to answer.
+    pub sleep_timeout_s: f64,
+    /// A sleeping replica may keep at most this much memory on each GPU (vLLM keeps its CUDA
+    /// context, about 1.2 to 1.4 GiB); more, and the container is stopped instead.
+    pub sleep_max_used_bytes: u64,
+    /// How long after the sleep NVML may take to show the memory released.
+    pub sleep_free_timeout_s: f64,
+}
+
+/// How the replica gives its GPUs back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimMode {
+    /// Stop the container; start it again on reclaim (a cold start).
+    #[default]
+    Stop,
+    /// vLLM sleep mode; `wake_up` on reclaim.
+    Sleep,
 }
 
 impl Default for AgentConfig {
@@ -97,6 +121,11 @@ impl Default for ReplicaConfig {
             host_ip: "0.0.0.0".into(),
             host_port: 8000,
             shutdown_timeout_s: 60.0,
+            reclaim: ReclaimMode::Stop,
+            sleep_level: 1,
+            sleep_timeout_s: 300.0,
+            sleep_max_used_bytes: 2 << 30,
+            sleep_free_timeout_s: 10.0,
         }
     }
 }
@@ -155,10 +184,18 @@ impl AgentConfig {
                 "replica.shutdown_timeout_s",
                 self.replica.shutdown_timeout_s,
             ),
+            ("replica.sleep_timeout_s", self.replica.sleep_timeout_s),
+            (
+                "replica.sleep_free_timeout_s",
+                self.replica.sleep_free_timeout_s,
+            ),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return invalid(key, "must be a duration in seconds >= 0");
             }
+        }
+        if !matches!(self.replica.sleep_level, 1 | 2) {
+            return invalid("replica.sleep_level", "must be 1 or 2");
         }
         Ok(())
     }
@@ -205,6 +242,24 @@ mod tests {
         std::fs::write(&path, "[replica]\nimgae = \"v:1\"\n").unwrap();
         let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
         assert!(err.contains("imgae"), "{err}");
+    }
+
+    #[test]
+    fn reclaim_mode_and_sleep_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "[replica]\nreclaim = \"sleep\"\nsleep_level = 1\n").unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.replica.reclaim, ReclaimMode::Sleep);
+        std::fs::write(&path, "[replica]\nreclaim = \"nap\"\n").unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("nap"), "{err}");
+        let mut cfg = AgentConfig::default();
+        cfg.replica.sleep_level = 3;
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "replica.sleep_level: must be 1 or 2"
+        );
     }
 
     #[test]

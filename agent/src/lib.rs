@@ -15,5 +15,6 @@ pub mod reclaim;
 pub mod reconcile;
 pub mod replica;
 pub mod serving;
+pub mod sleep;
 pub mod state;
 pub mod uplink;

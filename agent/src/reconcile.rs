@@ -30,6 +30,8 @@ pub enum ReconcileError {
     GpusBusy { gpus: Vec<u32>, waited: Duration },
     #[error("replica did not become healthy within {0:?}")]
     HealthTimeout(Duration),
+    #[error("waking the replica failed: {0}")]
+    Wake(crate::serving::ServingError),
     #[error("cannot prepare job directories under {path}: {source}")]
     JobDirs {
         path: String,
@@ -136,7 +138,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         } else {
             self.drain(&containers).await?;
             let containers = self.managed().await?;
-            if self.shared.observed().replica == ReplicaState::Stopped {
+            if matches!(
+                self.shared.observed().replica,
+                ReplicaState::Stopped | ReplicaState::Sleeping
+            ) {
                 self.start_jobs(&containers, &leases).await?;
             }
         }
@@ -252,7 +257,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             .iter()
             .flat_map(|l| l.gpus.iter().copied())
             .collect();
-        self.confirm_free(&gpus).await?;
+        self.confirm_free(&gpus, self.free_limit()).await?;
         let started = Instant::now();
         for lease in missing {
             let dirs = JobDirs::new(&self.cfg.work_dir, lease.job_id);
@@ -285,17 +290,43 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         Ok(())
     }
 
-    /// Waits until NVML shows `gpus` free, up to the configured timeout.
-    pub(crate) async fn confirm_free(&self, gpus: &[u32]) -> Result<(), ReconcileError> {
-        let timeout = Duration::from_secs_f64(self.cfg.free_timeout_s);
+    /// How much memory a GPU may still hold and count as free: a sleeping replica keeps its
+    /// CUDA context.
+    pub(crate) fn free_limit(&self) -> u64 {
+        if self.shared.observed().replica == ReplicaState::Sleeping {
+            self.cfg.replica.sleep_max_used_bytes
+        } else {
+            self.cfg.free_memory_bytes
+        }
+    }
+
+    /// Waits until NVML shows at most `limit` bytes used on each of `gpus`, up to the
+    /// configured timeout.
+    pub(crate) async fn confirm_free(
+        &self,
+        gpus: &[u32],
+        limit: u64,
+    ) -> Result<(), ReconcileError> {
+        self.wait_free(
+            gpus,
+            limit,
+            Duration::from_secs_f64(self.cfg.free_timeout_s),
+        )
+        .await
+    }
+
+    pub(crate) async fn wait_free(
+        &self,
+        gpus: &[u32],
+        limit: u64,
+        timeout: Duration,
+    ) -> Result<(), ReconcileError> {
         let started = Instant::now();
         loop {
             let status = self.gpus.status()?;
             let busy: Vec<u32> = status
                 .iter()
-                .filter(|s| {
-                    gpus.contains(&s.index) && s.memory_used_bytes > self.cfg.free_memory_bytes
-                })
+                .filter(|s| gpus.contains(&s.index) && s.memory_used_bytes > limit)
                 .map(|s| s.index)
                 .collect();
             if busy.is_empty() {
