@@ -157,6 +157,8 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         jobs: o.runs,
         applied_version: o.applied_version,
         phases: shared.phases(),
+        expired_leases: o.expired_leases,
+        host: None,
     }
 }
 

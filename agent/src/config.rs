@@ -34,6 +34,28 @@ pub struct AgentConfig {
     pub health_timeout_s: f64,
     pub gpus: GpuConfig,
     pub replica: ReplicaConfig,
+    pub failsafe: FailsafeConfig,
+}
+
+/// What the agent does on its own when the coordinator is silent.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailsafeConfig {
+    /// Stop the jobs and serve again when the leases cannot be renewed in time. Off, jobs
+    /// keep running on expired leases (logged as an error once per silence).
+    pub enabled: bool,
+    /// How long the coordinator may be silent before the fail-safe acts; the lease TTL the
+    /// coordinator announced when unset (a shorter value acts before the leases expire).
+    pub silence_s: Option<f64>,
+}
+
+impl Default for FailsafeConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            silence_s: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -106,6 +128,7 @@ impl Default for AgentConfig {
             health_timeout_s: 900.0,
             gpus: GpuConfig::default(),
             replica: ReplicaConfig::default(),
+            failsafe: FailsafeConfig::default(),
         }
     }
 }
@@ -193,6 +216,11 @@ impl AgentConfig {
             if !(v.is_finite() && v >= 0.0) {
                 return invalid(key, "must be a duration in seconds >= 0");
             }
+        }
+        if let Some(v) = self.failsafe.silence_s
+            && !(v.is_finite() && v > 0.0)
+        {
+            return invalid("failsafe.silence_s", "must be a duration in seconds > 0");
         }
         if !matches!(self.replica.sleep_level, 1 | 2) {
             return invalid("replica.sleep_level", "must be 1 or 2");

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod config;
 pub mod drain;
 pub mod engine;
+pub mod failsafe;
 pub mod gpus;
 pub mod job;
 pub mod probe;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightshift_common::labels;
-use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState};
+use nightshift_common::{JobRun, JobRunState, LeaseGrant, ReplicaState};
 
 use crate::config::AgentConfig;
 use crate::engine::{Container, ContainerState, Engine, EngineError};
@@ -53,6 +53,10 @@ pub struct Reconciler<E, G, S> {
     start_failures: HashMap<u64, String>,
     /// Output parameters read from a finished container, by container id.
     outputs: HashMap<String, BTreeMap<String, String>>,
+    /// Leases the fail-safe stopped (id → epoch): refused until the coordinator drops them.
+    pub(crate) void: BTreeMap<u64, u64>,
+    /// A silence already logged (the fail-safe is loud once, not every pass).
+    pub(crate) silence_logged: bool,
 }
 
 /// How often waits poll what they wait for.
@@ -76,6 +80,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             stopped: HashSet::new(),
             start_failures: HashMap::new(),
             outputs: HashMap::new(),
+            void: BTreeMap::new(),
+            silence_logged: false,
         }
     }
 
@@ -89,31 +95,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             .is_some_and(|d| d.serve && d.leases.is_empty())
     }
 
-    /// The desired state to act on: the coordinator's, unless it has been silent for longer
-    /// than a lease lives, in which case every lease has expired and the node serves again on
-    /// its own (service first).
-    fn effective_desired(&self) -> Option<DesiredNode> {
-        let desired = self.shared.desired()?;
-        let silent = self
-            .shared
-            .since_contact()
-            .is_some_and(|d| d > Duration::from_millis(desired.lease_ttl_ms));
-        if silent && !desired.leases.is_empty() {
-            tracing::warn!(
-                node = %self.node(),
-                "coordinator silent for longer than the lease ttl: stopping jobs and serving again"
-            );
-            return Some(DesiredNode {
-                serve: true,
-                leases: Vec::new(),
-                ..desired
-            });
-        }
-        Some(desired)
-    }
-
     /// One reconcile pass.
     pub async fn pass(&mut self) -> Result<(), ReconcileError> {
+        self.track_failsafe();
         let containers = self.managed().await?;
         self.learn_fences(&containers);
         let Some(desired) = self.effective_desired() else {

@@ -19,6 +19,8 @@ pub struct Observed {
     pub replica_url: Option<String>,
     pub runs: Vec<JobRun>,
     pub applied_version: u64,
+    /// Leases stopped by the fail-safe, reported until the coordinator drops them.
+    pub expired_leases: Vec<u64>,
 }
 
 pub struct Shared {
@@ -48,6 +50,7 @@ impl Shared {
                 replica_url: None,
                 runs: Vec::new(),
                 applied_version: 0,
+                expired_leases: Vec::new(),
             }),
             phases: Mutex::new(VecDeque::new()),
             next_seq: AtomicU64::new(1),

@@ -55,6 +55,29 @@ pub struct Heartbeat {
     /// with a `seq` it has not seen yet, so resending is harmless.
     #[serde(default)]
     pub phases: Vec<PhaseRecord>,
+    /// Leases the agent stopped on its own because it could not renew them in time (the
+    /// fail-safe): their jobs were checkpointed and stopped and the node serves again. The
+    /// agent refuses these leases from then on and lists them until the coordinator no
+    /// longer grants them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expired_leases: Vec<u64>,
+    /// Facts about the host (CPU, memory, the checkpoint volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostFacts>,
+}
+
+/// The host's resources as the agent sees them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostFacts {
+    pub cpus: u32,
+    /// Busy share of all CPUs since the previous heartbeat, 0 to 100.
+    pub cpu_usage_percent: f64,
+    pub memory_total_bytes: u64,
+    pub memory_available_bytes: u64,
+    /// The volume holding the agent's `work_dir` (job checkpoints and outputs).
+    pub checkpoint_volume_total_bytes: Option<u64>,
+    pub checkpoint_volume_free_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -108,6 +108,8 @@ impl Server {
             jobs: vec![],
             applied_version: 0,
             phases: vec![],
+            expired_leases: vec![],
+            host: None,
         };
         let (status, body) = self
             .post(

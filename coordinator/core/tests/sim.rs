@@ -208,6 +208,8 @@ impl SimAgent {
             jobs: self.runs.clone(),
             applied_version: self.applied,
             phases: vec![],
+            expired_leases: vec![],
+            host: None,
         }
     }
 

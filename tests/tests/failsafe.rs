@@ -1,0 +1,117 @@
+//! The fail-safe against the real Docker engine and a real coordinator process: when the
+//! coordinator dies while a job runs, the agent stops the job (checkpoint signal, grace) and
+//! restores serving by itself within lease TTL + grace + start; when the coordinator is back,
+//! the agent reports what it did, the job is requeued as preempted, and the expired lease is
+//! never honoured again.
+
+use std::time::{Duration, Instant};
+
+use nightshift_common::{JobState, ReplicaState};
+use nightshift_coordinator::client::Client;
+use nightshift_tests::*;
+
+const STARTUP: Duration = Duration::from_secs(60);
+const LEASE_TTL: Duration = Duration::from_secs(3);
+const GRACE: Duration = Duration::from_secs(3);
+/// Starting the stand-in replica and its `/health` answering; generous for a loaded CI host.
+const START: Duration = Duration::from_secs(15);
+
+async fn agent_status(url: &str) -> Option<serde_json::Value> {
+    reqwest::get(url).await.ok()?.json().await.ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_coordinator_makes_the_agent_serve_again_and_the_expired_lease_is_refused() {
+    init_tracing();
+    require_images();
+    let node = unique_node("failsafe");
+    let _cleanup = Cleanup(node.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("state");
+    let config = dir.path().join("coordinator.toml");
+    let mut cc = coordinator_config(&data);
+    cc.lease_ttl_ms = LEASE_TTL.as_millis() as u64;
+    std::fs::write(&config, coordinator_toml(&cc)).unwrap();
+    let port = free_port();
+    let coordinator = CoordinatorProcess::spawn(port, &data, &config);
+    let client = Client::new(&coordinator.url).unwrap();
+    wait_for("the coordinator", STARTUP, || async {
+        client.healthz().await.ok()
+    })
+    .await;
+
+    let cfg = agent_config(&coordinator.url, &node, &dir.path().join("work"), 4);
+    let (agent, status) = start_agent(cfg, 4).await;
+    let mut spec = trainer_job("interrupted", 4, 1_000_000, 20, 100);
+    spec.checkpoint.grace_period_seconds = GRACE.as_secs() as u32;
+    let job = client.submit(&spec).await.unwrap();
+    wait_for("the job to run", STARTUP, || async {
+        let j = client.job(job.id).await.ok()?;
+        (j.state == JobState::Running).then_some(())
+    })
+    .await;
+    let first = client.job(job.id).await.unwrap();
+    let old_lease = first.lease.clone().expect("lease");
+    assert_eq!(containers(&node, "job").len(), 1);
+
+    coordinator.kill();
+    let killed = Instant::now();
+    let restored = wait_for("the agent to serve again on its own", STARTUP, || async {
+        let s = agent_status(&status).await?;
+        (s["ready"] == true && s["replica"] == ReplicaState::Serving.as_str()).then_some(())
+    })
+    .await;
+    let _ = restored;
+    let took = killed.elapsed();
+    println!("serving restored {took:?} after the coordinator died");
+    assert!(
+        took <= LEASE_TTL + GRACE + START,
+        "restored within ttl + grace + start: {took:?}"
+    );
+    assert!(took >= LEASE_TTL, "not before the lease expired: {took:?}");
+    let jobs = containers(&node, "job");
+    assert!(
+        jobs.iter().all(|(_, _, state)| state != "running"),
+        "the job was stopped: {jobs:?}"
+    );
+    let s = agent_status(&status).await.expect("status");
+    assert_eq!(s["replica"], "serving");
+
+    // The coordinator comes back with the lease it still believes in; the agent refuses it
+    // and reports it; the job is requeued as preempted.
+    let coordinator = CoordinatorProcess::spawn(port, &data, &config);
+    wait_for("the coordinator again", STARTUP, || async {
+        client.healthz().await.ok()
+    })
+    .await;
+    let requeued = wait_for("the job to be requeued", STARTUP, || async {
+        let j = client.job(job.id).await.ok()?;
+        (j.attempt >= 2).then_some(j)
+    })
+    .await;
+    println!("requeued: {:?} {:?}", requeued.state, requeued.message);
+    assert!(requeued.preemptions >= 1, "{requeued:?}");
+    let running_old = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=io.nightshift.node={node}"),
+            "--filter",
+            &format!("label=io.nightshift.lease-id={}", old_lease.lease_id),
+        ])
+        .output()
+        .expect("docker ps");
+    assert!(
+        running_old.stdout.is_empty(),
+        "nothing runs under the expired lease"
+    );
+    if let Some(new_lease) = client.job(job.id).await.unwrap().lease {
+        assert!(
+            new_lease.epoch > old_lease.epoch,
+            "a new lease has a newer epoch"
+        );
+    }
+    agent.stop();
+    drop(coordinator);
+}
