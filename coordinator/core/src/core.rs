@@ -199,6 +199,30 @@ impl Core {
         n.runs = beat.jobs;
         let applied = n.applied_version;
         let runs = n.runs.clone();
+        // Leases the agent's fail-safe stopped while it could not reach us: their jobs were
+        // checkpointed and stopped; requeue them as preempted before anything is renewed.
+        for id in &beat.expired_leases {
+            let Some(lease) = self.leases.get(*id).filter(|l| l.node == node).cloned() else {
+                continue;
+            };
+            if self
+                .jobs
+                .get(&lease.job)
+                .is_some_and(|j| j.lease == Some(*id))
+            {
+                let _ = self.job_event(
+                    now,
+                    lease.job,
+                    JobEvent::Requeue {
+                        message: Some(format!(
+                            "preempted: node {node} lost the coordinator and stopped the job (fail-safe)"
+                        )),
+                    },
+                );
+            } else {
+                self.leases.release(*id);
+            }
+        }
         self.leases.renew(node, now, self.config.lease_ttl_ms);
 
         let node_leases: Vec<Lease> = self.leases.on_node(node).cloned().collect();
