@@ -1,6 +1,7 @@
 //! Wiring the agent together: registration, the heartbeat and long-poll loops that keep the
 //! desired state fresh, the reconcile loop that acts on it, and the readiness endpoint.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use tokio::task::JoinSet;
 use crate::config::AgentConfig;
 use crate::engine::Engine;
 use crate::gpus::Gpus;
+use crate::host::Host;
+use crate::host::sysinfo::SysinfoHost;
 use crate::reconcile::Reconciler;
 use crate::serving::ServingMetrics;
 use crate::state::Shared;
@@ -52,6 +55,7 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let cfg = Arc::new(cfg);
     let (engine, gpus, serving) = (Arc::new(engine), Arc::new(gpus), Arc::new(serving));
     let uplink = Uplink::new(&cfg.coordinator, &node)?;
+    let host: Arc<dyn Host> = Arc::new(SysinfoHost::new());
     let mut tasks = JoinSet::new();
 
     let readiness_url = match readiness {
@@ -81,9 +85,10 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         shared.clone(),
         gpus.clone(),
         serving.clone(),
+        (host.clone(), cfg.work_dir.clone()),
     ));
     tasks.spawn(long_poll(uplink, shared.clone()));
-    let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone());
+    let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone()).with_host(host);
     tasks.spawn(reconcile_loop(reconciler));
     Ok(AgentHandle { shared, tasks })
 }
@@ -109,10 +114,12 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
     shared: Arc<Shared>,
     gpus: Arc<G>,
     serving: Arc<S>,
+    (host, volume): (Arc<dyn Host>, PathBuf),
 ) {
     let mut interval = register(&uplink, &req).await;
     loop {
-        let beat = observe(&shared, gpus.as_ref(), serving.as_ref()).await;
+        let mut beat = observe(&shared, gpus.as_ref(), serving.as_ref()).await;
+        beat.host = Some(host.facts(&volume));
         match uplink.heartbeat(&beat).await {
             Ok(desired) => {
                 shared.contact();

@@ -32,6 +32,9 @@ pub struct AgentConfig {
     pub free_memory_bytes: u64,
     /// Longest wait for a starting replica's `/health` to answer 200.
     pub health_timeout_s: f64,
+    /// A job is not started while the filesystem holding `work_dir` (its checkpoints) has
+    /// less than this free; the lease is reported as failed to start, with the figures.
+    pub checkpoint_min_free_bytes: u64,
     pub gpus: GpuConfig,
     pub replica: ReplicaConfig,
     pub failsafe: FailsafeConfig,
@@ -126,6 +129,7 @@ impl Default for AgentConfig {
             free_timeout_s: 30.0,
             free_memory_bytes: 1 << 30,
             health_timeout_s: 900.0,
+            checkpoint_min_free_bytes: 1 << 30,
             gpus: GpuConfig::default(),
             replica: ReplicaConfig::default(),
             failsafe: FailsafeConfig::default(),

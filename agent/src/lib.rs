@@ -9,6 +9,7 @@ pub mod drain;
 pub mod engine;
 pub mod failsafe;
 pub mod gpus;
+pub mod host;
 pub mod job;
 pub mod probe;
 pub mod readiness;

@@ -16,6 +16,8 @@ use nightshift_common::{JobRun, JobRunState, LeaseGrant, ReplicaState};
 use crate::config::AgentConfig;
 use crate::engine::{Container, ContainerState, Engine, EngineError};
 use crate::gpus::{GpuError, Gpus};
+use crate::host::Host;
+use crate::host::sysinfo::SysinfoHost;
 use crate::job::{self, GRACE_LABEL, JobDirs};
 use crate::serving::ServingMetrics;
 use crate::state::Shared;
@@ -57,6 +59,7 @@ pub struct Reconciler<E, G, S> {
     pub(crate) void: BTreeMap<u64, u64>,
     /// A silence already logged (the fail-safe is loud once, not every pass).
     pub(crate) silence_logged: bool,
+    host: Arc<dyn Host>,
 }
 
 /// How often waits poll what they wait for.
@@ -82,7 +85,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             outputs: HashMap::new(),
             void: BTreeMap::new(),
             silence_logged: false,
+            host: Arc::new(SysinfoHost::new()),
         }
+    }
+
+    /// Reads the host's facts (the checkpoint volume's free space) from `host`.
+    pub fn with_host(mut self, host: Arc<dyn Host>) -> Self {
+        self.host = host;
+        self
     }
 
     pub(crate) fn node(&self) -> &str {
@@ -244,6 +254,11 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         self.confirm_free(&gpus, self.free_limit()).await?;
         let started = Instant::now();
         for lease in missing {
+            if let Some(message) = self.checkpoint_volume_short() {
+                tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
+                self.start_failures.insert(lease.lease_id, message);
+                continue;
+            }
             let dirs = JobDirs::new(&self.cfg.work_dir, lease.job_id);
             dirs.create().map_err(|source| ReconcileError::JobDirs {
                 path: self.cfg.work_dir.display().to_string(),
@@ -272,6 +287,21 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             started,
         );
         Ok(())
+    }
+
+    /// Why no job may start for lack of checkpoint space, if so.
+    fn checkpoint_volume_short(&self) -> Option<String> {
+        let floor = self.cfg.checkpoint_min_free_bytes;
+        let free = self
+            .host
+            .facts(&self.cfg.work_dir)
+            .checkpoint_volume_free_bytes?;
+        (free < floor).then(|| {
+            format!(
+                "the checkpoint volume of {} has {free} bytes free, below the floor of {floor} (checkpoint_min_free_bytes)",
+                self.cfg.work_dir.display()
+            )
+        })
     }
 
     /// How much memory a GPU may still hold and count as free: a sleeping replica keeps its
