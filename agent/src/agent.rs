@@ -58,18 +58,20 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let host: Arc<dyn Host> = Arc::new(SysinfoHost::new());
     let mut tasks = JoinSet::new();
 
-    let readiness_url = match readiness {
+    let (readiness_url, agent_url) = match readiness {
         Some(listener) => {
             let addr = listener.local_addr()?;
-            let app = crate::readiness::router(shared.clone());
+            let app = crate::readiness::router(shared.clone())
+                .merge(crate::logs::router(engine.clone(), &node));
             tasks.spawn(async move {
                 if let Err(e) = axum::serve(listener, app).await {
                     tracing::error!(error = %e, "readiness endpoint failed");
                 }
             });
-            Some(format!("http://{addr}/ready"))
+            let base = advertised(addr, cfg.advertise_host.as_deref());
+            (Some(format!("{base}/ready")), Some(base))
         }
-        None => None,
+        None => (None, None),
     };
 
     let register = RegisterRequest {
@@ -77,6 +79,7 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         gpus: gpus.inventory()?,
         service: cfg.service.clone(),
         readiness_url,
+        agent_url: agent_url.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
     };
     tasks.spawn(heartbeats(
@@ -91,6 +94,21 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone()).with_host(host);
     tasks.spawn(reconcile_loop(reconciler));
     Ok(AgentHandle { shared, tasks })
+}
+
+/// The base URL others reach this agent at: `advertise_host` (or the listen address when it
+/// is a specific one, else this host's name) with the bound port.
+fn advertised(addr: std::net::SocketAddr, host: Option<&str>) -> String {
+    let host = match host {
+        Some(h) => h.to_owned(),
+        None if !addr.ip().is_unspecified() => addr.ip().to_string(),
+        None => std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into()),
+    };
+    format!("http://{host}:{}", addr.port())
 }
 
 async fn register(uplink: &Uplink, req: &RegisterRequest) -> Duration {
@@ -120,6 +138,7 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
     loop {
         let mut beat = observe(&shared, gpus.as_ref(), serving.as_ref()).await;
         beat.host = Some(host.facts(&volume));
+        beat.agent_url = req.agent_url.clone();
         match uplink.heartbeat(&beat).await {
             Ok(desired) => {
                 shared.contact();
@@ -166,6 +185,7 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         phases: shared.phases(),
         expired_leases: o.expired_leases,
         host: None,
+        agent_url: None,
     }
 }
 

@@ -19,8 +19,12 @@ pub struct AgentConfig {
     pub service: String,
     /// Per-job checkpoint and output directories live under `work_dir/jobs/ID/`.
     pub work_dir: PathBuf,
-    /// Where the load balancer's health check (`GET /ready`) answers.
+    /// Where the load balancer's health check (`GET /ready`) answers, and job logs
+    /// (`GET /v1/jobs/ID/logs`) for the coordinator.
     pub readiness_listen: SocketAddr,
+    /// The host name or address the coordinator reaches this agent at; the listen address
+    /// when it is a specific one, else the host name.
+    pub advertise_host: Option<String>,
     /// After turning not-ready, how long to wait before watching the queue, so that the load
     /// balancer's health check has noticed (set it above the check interval).
     pub readiness_grace_s: f64,
@@ -124,6 +128,7 @@ impl Default for AgentConfig {
             service: "default".into(),
             work_dir: PathBuf::from("/var/lib/nightshift/agent"),
             readiness_listen: SocketAddr::from(([0, 0, 0, 0], 7401)),
+            advertise_host: None,
             readiness_grace_s: 5.0,
             drain_timeout_s: 120.0,
             free_timeout_s: 30.0,

@@ -11,6 +11,7 @@ pub mod failsafe;
 pub mod gpus;
 pub mod host;
 pub mod job;
+pub mod logs;
 pub mod probe;
 pub mod readiness;
 pub mod reclaim;

@@ -31,6 +31,9 @@ pub struct RegisterRequest {
     /// Where the load balancer's health check for this node's replica answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness_url: Option<String>,
+    /// The agent's own base URL (job logs at `/v1/jobs/ID/logs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_url: Option<String>,
     pub agent_version: String,
 }
 
@@ -64,6 +67,9 @@ pub struct Heartbeat {
     /// Facts about the host (CPU, memory, the checkpoint volume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostFacts>,
+    /// The agent's base URL, as at registration (so a restarted coordinator knows it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_url: Option<String>,
 }
 
 /// The host's resources as the agent sees them.

@@ -85,6 +85,7 @@ impl Server {
                 .collect(),
             service: "default".into(),
             readiness_url: None,
+            agent_url: None,
             agent_version: "test".into(),
         };
         let (status, _) = self
@@ -110,6 +111,7 @@ impl Server {
             phases: vec![],
             expired_leases: vec![],
             host: None,
+            agent_url: None,
         };
         let (status, body) = self
             .post(

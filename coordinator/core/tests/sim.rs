@@ -210,6 +210,7 @@ impl SimAgent {
             phases: vec![],
             expired_leases: vec![],
             host: None,
+            agent_url: None,
         }
     }
 
