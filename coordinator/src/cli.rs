@@ -77,6 +77,16 @@ pub enum Command {
     Cancel { id: u64 },
     /// List nodes and what their GPUs are doing.
     Nodes,
+    /// Print a job's container output (stdout and stderr) while it has one.
+    Logs {
+        id: u64,
+        /// Keep printing what the job writes until its container exits.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only the last N lines, then (with -f) what follows.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+    },
     /// Run a self-contained demonstration cluster.
     Demo,
 }
@@ -288,6 +298,11 @@ async fn execute(
                     job.state.as_str()
                 )
             })?;
+        }
+        Command::Logs { id, follow, tail } => {
+            Client::new(&cli.coordinator)?
+                .logs(*id, *tail, *follow, out)
+                .await?;
         }
         Command::Nodes => {
             let list = Client::new(&cli.coordinator)?.nodes().await?;

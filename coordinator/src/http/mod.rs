@@ -3,6 +3,7 @@
 
 mod agents;
 mod jobs;
+mod logs;
 mod nodes;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/jobs/{id}/logs", get(logs::logs))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/services/{name}/gateway", post(nodes::gateway))
         .route("/v1/agents/register", post(agents::register))
