@@ -170,8 +170,13 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         o.replica,
         ReplicaState::Serving | ReplicaState::Draining | ReplicaState::Starting
     );
+    shared.telemetry.gpus(&gpu_status);
     let signals = match (&o.replica_url, live) {
-        (Some(url), true) => serving.signals(url).await,
+        (Some(url), true) => {
+            let signals = serving.signals(url).await;
+            shared.telemetry.scrape(signals.requests_running.is_some());
+            signals
+        }
         _ => ServingSignals::default(),
     };
     Heartbeat {
@@ -211,7 +216,12 @@ async fn reconcile_loop<E: Engine, G: Gpus, S: ServingMetrics>(mut r: Reconciler
         let span = tracing::info_span!("reconcile", node = %r.shared.node);
         let _enter = span.enter();
         drop(_enter);
-        if let Err(e) = r.pass().await {
+        let started = std::time::Instant::now();
+        let result = r.pass().await;
+        r.shared
+            .telemetry
+            .reconcile(started.elapsed(), result.is_ok());
+        if let Err(e) = result {
             tracing::warn!(node = %r.shared.node, error = %e, "reconcile pass failed; retrying");
         }
         let _ = tokio::time::timeout(RESYNC, desired.changed()).await;

@@ -20,4 +20,5 @@ pub mod replica;
 pub mod serving;
 pub mod sleep;
 pub mod state;
+pub mod telemetry;
 pub mod uplink;

@@ -76,6 +76,24 @@ async fn a_dead_coordinator_makes_the_agent_serve_again_and_the_expired_lease_is
     );
     let s = agent_status(&status).await.expect("status");
     assert_eq!(s["replica"], "serving");
+    // The agent's own /metrics show what happened.
+    let metrics = reqwest::get(status.replace("/status", "/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    for series in [
+        "nightshift_agent_gpu_memory_used_bytes{gpu=\"3\"}",
+        "nightshift_agent_phase_duration_seconds_count{sequence=\"reclaim\",phase=\"stop_jobs\"}",
+        "nightshift_agent_phase_duration_seconds_count{sequence=\"drain\",phase=\"stop_replica\"}",
+        "nightshift_agent_vllm_scrapes_total{result=\"ok\"}",
+        "nightshift_agent_reconcile_duration_seconds_count",
+        "nightshift_agent_ready 1",
+        "nightshift_agent_coordinator_silence_seconds",
+    ] {
+        assert!(metrics.contains(series), "{series} missing from\n{metrics}");
+    }
 
     // The coordinator comes back with the lease it still believes in; the agent refuses it
     // and reports it; the job is requeued as preempted.

@@ -69,10 +69,13 @@ async fn logs_from_the_start_the_tail_and_following() {
     client.cancel(job.id).await.unwrap();
     let mut followed = String::new();
     let mut stdout = follow.stdout.take().expect("stdout");
-    tokio::time::timeout(Duration::from_secs(60), stdout.read_to_string(&mut followed))
-        .await
-        .expect("the stream ends when the container exits")
-        .expect("read");
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        stdout.read_to_string(&mut followed),
+    )
+    .await
+    .expect("the stream ends when the container exits")
+    .expect("read");
     let status = follow.wait().await.expect("wait");
     assert!(status.success(), "{status:?}");
     assert!(followed.contains("starting fresh"), "{followed}");
