@@ -95,7 +95,8 @@ pub async fn vllm_part(serving: &HttpServing, url: &str) -> (Value, Value) {
         Health::Unhealthy(code) => format!("unhealthy ({code})"),
     };
     match serving.scrape(url).await {
-        Ok(scrape) => {
+        Ok(page) => {
+            let scrape = page.parse();
             let s = VllmSnapshot::from_scrape(&scrape);
             let vllm = json!({
                 "url": url,

@@ -133,3 +133,82 @@ async fn a_dead_coordinator_makes_the_agent_serve_again_and_the_expired_lease_is
     agent.stop();
     drop(coordinator);
 }
+
+fn short_lease_desired(version: u64) -> nightshift_common::DesiredNode {
+    nightshift_common::DesiredNode {
+        version,
+        serve: false,
+        leases: vec![nightshift_common::LeaseGrant {
+            lease_id: 41,
+            epoch: 7,
+            job_id: 5,
+            attempt: 1,
+            gpus: vec![0, 1],
+            job: {
+                let mut j = trainer_job("on-a-short-lease", 2, 1_000_000, 20, 100);
+                j.checkpoint.grace_period_seconds = 2;
+                j
+            },
+        }],
+        lease_ttl_ms: 800,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failsafe_can_be_disabled_and_an_expired_lease_stays_refused() {
+    init_tracing();
+    require_images();
+    let node = unique_node("failsafe-cfg");
+    let _cleanup = Cleanup(node.clone());
+    let dir = tempfile::tempdir().unwrap();
+
+    // Disabled: the coordinator's silence is logged, the job keeps running.
+    let mut off = agent_config("http://127.0.0.1:9", &node, dir.path(), 4);
+    off.failsafe.enabled = false;
+    let (mut r, shared, _) = reconciler(off, 4).await;
+    shared.offer_desired(short_lease_desired(1));
+    shared.contact();
+    r.pass().await.expect("start the job");
+    assert_eq!(containers(&node, "job")[0].2, "running");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    r.pass().await.expect("silent coordinator, fail-safe off");
+    assert_eq!(containers(&node, "job")[0].2, "running", "left running");
+    assert!(shared.observed().expired_leases.is_empty());
+    drop(r);
+
+    // Enabled (the default), on the same host: the job is stopped, the node serves.
+    let on = agent_config("http://127.0.0.1:9", &node, dir.path(), 4);
+    let (mut r, shared, _) = reconciler(on, 4).await;
+    shared.offer_desired(short_lease_desired(1));
+    shared.contact();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    r.pass().await.expect("fail-safe");
+    assert_eq!(shared.observed().expired_leases, vec![41]);
+    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert!(
+        containers(&node, "job")
+            .iter()
+            .all(|(_, _, s)| s != "running"),
+        "stopped"
+    );
+
+    // The coordinator answers again, still listing the expired lease: it is refused, the
+    // node keeps serving, and the lease is reported until the coordinator drops it.
+    shared.contact();
+    r.pass().await.expect("coordinator back");
+    assert!(
+        containers(&node, "job")
+            .iter()
+            .all(|(_, _, s)| s != "running"),
+        "the expired lease started nothing"
+    );
+    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().expired_leases, vec![41]);
+    let mut dropped = short_lease_desired(2);
+    dropped.leases.clear();
+    dropped.serve = true;
+    shared.offer_desired(dropped);
+    shared.contact();
+    r.pass().await.expect("lease dropped");
+    assert!(shared.observed().expired_leases.is_empty());
+}

@@ -53,6 +53,20 @@ struct ReplicaView {
     problem: Option<String>,
 }
 
+/// A `/metrics` page as read (invalid UTF-8 replaced), to parse.
+#[derive(Debug, Clone)]
+pub struct Page(String);
+
+impl Page {
+    pub fn parse(&self) -> Scrape<'_> {
+        Scrape::parse(&self.0)
+    }
+
+    pub fn text(&self) -> &str {
+        &self.0
+    }
+}
+
 /// The HTTP client could not be built.
 #[derive(Debug, thiserror::Error)]
 #[error("could not build the http client for vllm")]
@@ -176,26 +190,22 @@ impl HttpServing {
         self
     }
 
-    /// Reads and parses `{base_url}/metrics`. Lines the parser rejected are in
-    /// [`Scrape::errors`]; they do not make this fail.
-    pub async fn scrape(&self, base_url: &str) -> Result<Scrape, ScrapeError> {
+    /// Reads `{base_url}/metrics`; [`Page::parse`] reads its samples. Lines the parser
+    /// rejects are in [`Scrape::errors`]; they do not make this fail.
+    pub async fn scrape(&self, base_url: &str) -> Result<Page, ScrapeError> {
         let url = endpoint(base_url, "metrics");
         let body = self.fetch_metrics(&url).await?;
-        let scrape = Scrape::parse(&String::from_utf8_lossy(&body));
-        if let Some(first) = scrape.errors.first() {
-            tracing::debug!(
-                url,
-                errors = scrape.errors.len(),
-                first = %first,
-                "vllm metrics page has lines that could not be read"
-            );
-        }
-        Ok(scrape)
+        Ok(Page(match String::from_utf8(body) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }))
     }
 
     /// Everything the agent reads from one scrape.
     pub async fn snapshot(&self, base_url: &str) -> Result<VllmSnapshot, ScrapeError> {
-        Ok(VllmSnapshot::from_scrape(&self.scrape(base_url).await?))
+        Ok(VllmSnapshot::from_scrape(
+            &self.scrape(base_url).await?.parse(),
+        ))
     }
 
     async fn fetch_metrics(&self, url: &str) -> Result<Vec<u8>, ScrapeError> {
@@ -258,13 +268,14 @@ impl ServingMetrics for HttpServing {
     }
 
     async fn signals(&self, base_url: &str) -> ServingSignals {
-        let scrape = match self.scrape(base_url).await {
-            Ok(scrape) => scrape,
+        let page = match self.scrape(base_url).await {
+            Ok(page) => page,
             Err(error) => {
                 self.note_problem(base_url, Some(chain(&error)));
                 return ServingSignals::default();
             }
         };
+        let scrape = page.parse();
         let snapshot = VllmSnapshot::from_scrape(&scrape);
         let problem = match (scrape.errors.first(), scrape.samples.is_empty()) {
             (Some(first), _) => Some(format!(
@@ -499,7 +510,7 @@ mod tests {
             .scrape(&format!("{base}/streamed"))
             .await
             .expect("fits");
-        assert_eq!(whole.samples.len(), 8, "every chunk was read");
+        assert_eq!(whole.parse().samples.len(), 8, "every chunk was read");
         assert_eq!(
             roomy
                 .signals(&format!("{base}/streamed"))
@@ -559,7 +570,8 @@ mod tests {
             get(|| async { "<html>hello</html>\n\u{0}\u{1}{{{" }),
         );
         let base = serve(router).await;
-        let scrape = serving().scrape(&base).await.expect("a 200 page");
+        let page = serving().scrape(&base).await.expect("a 200 page");
+        let scrape = page.parse();
         assert_eq!(scrape.errors.len(), 2);
         let serving = serving();
         assert_eq!(serving.signals(&base).await, ServingSignals::default());

@@ -103,7 +103,7 @@ fn values(scrape: &Scrape, name: &str) -> Option<Vec<f64>> {
 }
 
 /// The series named `name`, one per label set (the last of duplicates wins).
-fn distinct<'a>(scrape: &'a Scrape, name: &'a str) -> Vec<&'a Sample> {
+fn distinct<'s, 'a>(scrape: &'s Scrape<'a>, name: &'s str) -> Vec<&'s Sample<'a>> {
     let mut kept: Vec<&Sample> = Vec::new();
     for sample in scrape.series(name) {
         match kept.iter_mut().find(|k| same_labels(k, sample)) {
@@ -115,7 +115,7 @@ fn distinct<'a>(scrape: &'a Scrape, name: &'a str) -> Vec<&'a Sample> {
 }
 
 fn same_labels(a: &Sample, b: &Sample) -> bool {
-    a.labels.len() == b.labels.len() && a.labels.iter().all(|(k, v)| b.label(k) == Some(v))
+    a.labels.len() == b.labels.len() && a.labels.iter().all(|(k, v)| b.label(k) == Some(v.as_ref()))
 }
 
 /// Distinct `engine` label values over every `vllm:` series.
