@@ -1,6 +1,7 @@
 //! Wiring the agent together: registration, the heartbeat and long-poll loops that keep the
 //! desired state fresh, the reconcile loop that acts on it, and the readiness endpoint.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use tokio::task::JoinSet;
 use crate::config::AgentConfig;
 use crate::engine::Engine;
 use crate::gpus::Gpus;
+use crate::host::Host;
+use crate::host::sysinfo::SysinfoHost;
 use crate::reconcile::Reconciler;
 use crate::serving::ServingMetrics;
 use crate::state::Shared;
@@ -52,20 +55,23 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let cfg = Arc::new(cfg);
     let (engine, gpus, serving) = (Arc::new(engine), Arc::new(gpus), Arc::new(serving));
     let uplink = Uplink::with_tls(&cfg.coordinator, &node, &cfg.tls)?;
+    let host: Arc<dyn Host> = Arc::new(SysinfoHost::new());
     let mut tasks = JoinSet::new();
 
-    let readiness_url = match readiness {
+    let (readiness_url, agent_url) = match readiness {
         Some(listener) => {
             let addr = listener.local_addr()?;
-            let app = crate::readiness::router(shared.clone());
+            let app = crate::readiness::router(shared.clone())
+                .merge(crate::logs::router(engine.clone(), &node));
             tasks.spawn(async move {
                 if let Err(e) = axum::serve(listener, app).await {
                     tracing::error!(error = %e, "readiness endpoint failed");
                 }
             });
-            Some(format!("http://{addr}/ready"))
+            let base = advertised(addr, cfg.advertise_host.as_deref());
+            (Some(format!("{base}/ready")), Some(base))
         }
-        None => None,
+        None => (None, None),
     };
 
     let register = RegisterRequest {
@@ -74,6 +80,7 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         service: cfg.service.clone(),
         address: (!cfg.address.is_empty()).then(|| cfg.address.clone()),
         readiness_url,
+        agent_url: agent_url.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
     };
     tasks.spawn(heartbeats(
@@ -82,11 +89,27 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         shared.clone(),
         gpus.clone(),
         serving.clone(),
+        (host.clone(), cfg.work_dir.clone()),
     ));
     tasks.spawn(long_poll(uplink, shared.clone()));
-    let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone());
+    let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone()).with_host(host);
     tasks.spawn(reconcile_loop(reconciler));
     Ok(AgentHandle { shared, tasks })
+}
+
+/// The base URL others reach this agent at: `advertise_host` (or the listen address when it
+/// is a specific one, else this host's name) with the bound port.
+fn advertised(addr: std::net::SocketAddr, host: Option<&str>) -> String {
+    let host = match host {
+        Some(h) => h.to_owned(),
+        None if !addr.ip().is_unspecified() => addr.ip().to_string(),
+        None => std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into()),
+    };
+    format!("http://{host}:{}", addr.port())
 }
 
 async fn register(uplink: &Uplink, req: &RegisterRequest) -> Duration {
@@ -110,16 +133,19 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
     shared: Arc<Shared>,
     gpus: Arc<G>,
     serving: Arc<S>,
+    (host, volume): (Arc<dyn Host>, PathBuf),
 ) {
     let mut interval = register(&uplink, &req).await;
     loop {
-        let beat = observe(
+        let mut beat = observe(
             &shared,
             gpus.as_ref(),
             serving.as_ref(),
             req.address.as_deref(),
         )
         .await;
+        beat.host = Some(host.facts(&volume));
+        beat.agent_url = req.agent_url.clone();
         match uplink.heartbeat(&beat).await {
             Ok(desired) => {
                 shared.contact();
@@ -153,8 +179,13 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         o.replica,
         ReplicaState::Serving | ReplicaState::Draining | ReplicaState::Starting
     );
+    shared.telemetry.gpus(&gpu_status);
     let signals = match (&o.replica_url, live) {
-        (Some(url), true) => serving.signals(url).await,
+        (Some(url), true) => {
+            let signals = serving.signals(url).await;
+            shared.telemetry.scrape(signals.requests_running.is_some());
+            signals
+        }
         _ => ServingSignals::default(),
     };
     Heartbeat {
@@ -162,11 +193,17 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         replica: ReplicaStatus {
             state: o.replica,
             signals,
-            url: o.replica_url.as_deref().map(|u| advertised(u, address)),
+            url: o
+                .replica_url
+                .as_deref()
+                .map(|u| replica_url_seen_from(u, address)),
         },
         jobs: o.runs,
         applied_version: o.applied_version,
         phases: shared.phases(),
+        expired_leases: o.expired_leases,
+        host: None,
+        agent_url: None,
     }
 }
 
@@ -192,7 +229,12 @@ async fn reconcile_loop<E: Engine, G: Gpus, S: ServingMetrics>(mut r: Reconciler
         let span = tracing::info_span!("reconcile", node = %r.shared.node);
         let _enter = span.enter();
         drop(_enter);
-        if let Err(e) = r.pass().await {
+        let started = std::time::Instant::now();
+        let result = r.pass().await;
+        r.shared
+            .telemetry
+            .reconcile(started.elapsed(), result.is_ok());
+        if let Err(e) = result {
             tracing::warn!(node = %r.shared.node, error = %e, "reconcile pass failed; retrying");
         }
         let _ = tokio::time::timeout(RESYNC, desired.changed()).await;
@@ -200,7 +242,7 @@ async fn reconcile_loop<E: Engine, G: Gpus, S: ServingMetrics>(mut r: Reconciler
 }
 
 /// `http://127.0.0.1:8000` seen from other hosts: the same URL with `address` as host.
-fn advertised(url: &str, address: Option<&str>) -> String {
+fn replica_url_seen_from(url: &str, address: Option<&str>) -> String {
     let Some(address) = address else {
         return url.to_owned();
     };
@@ -218,11 +260,11 @@ mod tests {
     #[test]
     fn the_replica_url_is_advertised_with_the_node_address() {
         assert_eq!(
-            super::advertised("http://127.0.0.1:8000", Some("10.1.2.3")),
+            super::replica_url_seen_from("http://127.0.0.1:8000", Some("10.1.2.3")),
             "http://10.1.2.3:8000"
         );
         assert_eq!(
-            super::advertised("http://127.0.0.1:8000", None),
+            super::replica_url_seen_from("http://127.0.0.1:8000", None),
             "http://127.0.0.1:8000"
         );
     }

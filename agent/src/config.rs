@@ -24,8 +24,12 @@ pub struct AgentConfig {
     pub rendezvous_bind_ip: String,
     /// Per-job checkpoint and output directories live under `work_dir/jobs/ID/`.
     pub work_dir: PathBuf,
-    /// Where the load balancer's health check (`GET /ready`) answers.
+    /// Where the load balancer's health check (`GET /ready`) answers, and job logs
+    /// (`GET /v1/jobs/ID/logs`) for the coordinator.
     pub readiness_listen: SocketAddr,
+    /// The host name or address the coordinator reaches this agent at; the listen address
+    /// when it is a specific one, else the host name.
+    pub advertise_host: Option<String>,
     /// After turning not-ready, how long to wait before watching the queue, so that the load
     /// balancer's health check has noticed (set it above the check interval).
     pub readiness_grace_s: f64,
@@ -37,10 +41,35 @@ pub struct AgentConfig {
     pub free_memory_bytes: u64,
     /// Longest wait for a starting replica's `/health` to answer 200.
     pub health_timeout_s: f64,
+    /// A job is not started while the filesystem holding `work_dir` (its checkpoints) has
+    /// less than this free; the lease is reported as failed to start, with the figures.
+    pub checkpoint_min_free_bytes: u64,
     pub gpus: GpuConfig,
     pub replica: ReplicaConfig,
     /// Mutual TLS with the coordinator (an `https://` coordinator needs it).
     pub tls: crate::tls::AgentTlsConfig,
+    pub failsafe: FailsafeConfig,
+}
+
+/// What the agent does on its own when the coordinator is silent.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailsafeConfig {
+    /// Stop the jobs and serve again when the leases cannot be renewed in time. Off, jobs
+    /// keep running on expired leases (logged as an error once per silence).
+    pub enabled: bool,
+    /// How long the coordinator may be silent before the fail-safe acts; the lease TTL the
+    /// coordinator announced when unset (a shorter value acts before the leases expire).
+    pub silence_s: Option<f64>,
+}
+
+impl Default for FailsafeConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            silence_s: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -72,6 +101,30 @@ pub struct ReplicaConfig {
     /// How long vLLM gets to finish in-flight requests after SIGTERM before it is killed;
     /// match vLLM's `--shutdown-timeout`.
     pub shutdown_timeout_s: f64,
+    /// How the replica gives its GPUs back when the node is lent: `stop` the container, or
+    /// put vLLM to `sleep` (needs `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`), which
+    /// falls back to stopping when sleeping frees too little memory.
+    pub reclaim: ReclaimMode,
+    /// vLLM sleep level: 1 offloads the weights to CPU memory (fast wake), 2 discards them.
+    pub sleep_level: u8,
+    /// Longest wait for `/sleep?mode=wait` (in-flight requests finish first) to answer.
+    pub sleep_timeout_s: f64,
+    /// A sleeping replica may keep at most this much memory on each GPU (vLLM keeps its CUDA
+    /// context, about 1.2 to 1.4 GiB); more, and the container is stopped instead.
+    pub sleep_max_used_bytes: u64,
+    /// How long after the sleep NVML may take to show the memory released.
+    pub sleep_free_timeout_s: f64,
+}
+
+/// How the replica gives its GPUs back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimMode {
+    /// Stop the container; start it again on reclaim (a cold start).
+    #[default]
+    Stop,
+    /// vLLM sleep mode; `wake_up` on reclaim.
+    Sleep,
 }
 
 impl Default for AgentConfig {
@@ -84,14 +137,17 @@ impl Default for AgentConfig {
             rendezvous_bind_ip: "0.0.0.0".into(),
             work_dir: PathBuf::from("/var/lib/nightshift/agent"),
             readiness_listen: SocketAddr::from(([0, 0, 0, 0], 7401)),
+            advertise_host: None,
             readiness_grace_s: 5.0,
             drain_timeout_s: 120.0,
             free_timeout_s: 30.0,
             free_memory_bytes: 1 << 30,
             health_timeout_s: 900.0,
+            checkpoint_min_free_bytes: 1 << 30,
             gpus: GpuConfig::default(),
             replica: ReplicaConfig::default(),
             tls: crate::tls::AgentTlsConfig::default(),
+            failsafe: FailsafeConfig::default(),
         }
     }
 }
@@ -107,6 +163,11 @@ impl Default for ReplicaConfig {
             host_ip: "0.0.0.0".into(),
             host_port: 8000,
             shutdown_timeout_s: 60.0,
+            reclaim: ReclaimMode::Stop,
+            sleep_level: 1,
+            sleep_timeout_s: 300.0,
+            sleep_max_used_bytes: 2 << 30,
+            sleep_free_timeout_s: 10.0,
         }
     }
 }
@@ -179,10 +240,23 @@ impl AgentConfig {
                 "replica.shutdown_timeout_s",
                 self.replica.shutdown_timeout_s,
             ),
+            ("replica.sleep_timeout_s", self.replica.sleep_timeout_s),
+            (
+                "replica.sleep_free_timeout_s",
+                self.replica.sleep_free_timeout_s,
+            ),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return invalid(key, "must be a duration in seconds >= 0");
             }
+        }
+        if let Some(v) = self.failsafe.silence_s
+            && !(v.is_finite() && v > 0.0)
+        {
+            return invalid("failsafe.silence_s", "must be a duration in seconds > 0");
+        }
+        if !matches!(self.replica.sleep_level, 1 | 2) {
+            return invalid("replica.sleep_level", "must be 1 or 2");
         }
         Ok(())
     }
@@ -255,6 +329,24 @@ mod tests {
         assert_eq!(
             err,
             format!("{file}: line 2: replica.env: \"NOEQUALS\" is not NAME=value")
+        );
+    }
+
+    #[test]
+    fn reclaim_mode_and_sleep_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "[replica]\nreclaim = \"sleep\"\nsleep_level = 1\n").unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.replica.reclaim, ReclaimMode::Sleep);
+        std::fs::write(&path, "[replica]\nreclaim = \"nap\"\n").unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("nap"), "{err}");
+        let mut cfg = AgentConfig::default();
+        cfg.replica.sleep_level = 3;
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "replica.sleep_level: must be 1 or 2"
         );
     }
 

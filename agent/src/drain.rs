@@ -1,11 +1,14 @@
 //! Drain: lend the node. Not-ready on the load-balancer endpoint, wait for vLLM to report no
 //! running and no waiting request (or the drain timeout), stop the container, and confirm
-//! through NVML that its GPUs are free. Only then may jobs start.
+//! through NVML that its GPUs are free. Only then may jobs start. With
+//! `replica.reclaim = "sleep"` the container is put to sleep instead of stopped (see
+//! `sleep.rs`), and stopped after all when sleeping frees too little memory.
 
 use std::time::{Duration, Instant};
 
 use nightshift_common::{ReplicaState, SequenceKind};
 
+use crate::config::ReclaimMode;
 use crate::engine::{Container, ContainerState, Engine};
 use crate::gpus::Gpus;
 use crate::reconcile::{POLL, ReconcileError, Reconciler, replica};
@@ -23,6 +26,20 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             return Ok(());
         };
         let url = crate::replica::url(&self.cfg, c);
+        if self.shared.observed().replica == ReplicaState::Sleeping {
+            return Ok(());
+        }
+        let sleep_mode = self.cfg.replica.reclaim == ReclaimMode::Sleep;
+        if sleep_mode
+            && let Some(u) = &url
+            && self.serving.is_sleeping(u).await == Some(true)
+        {
+            // Adopted after a restart: asleep already; the memory check still applies.
+            self.shared.set_ready(false);
+            if self.confirm_asleep_and_free(u).await {
+                return Ok(());
+            }
+        }
         let t = Instant::now();
         self.shared.set_ready(false);
         self.shared.update(|o| {
@@ -43,6 +60,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         self.shared
             .record_phase(SequenceKind::Drain, "wait_in_flight", t);
 
+        if sleep_mode
+            && let Some(u) = &url
+            && self.sleep_replica(u).await
+        {
+            return Ok(());
+        }
+
         let t = Instant::now();
         let grace = Duration::from_secs_f64(self.cfg.replica.shutdown_timeout_s);
         self.engine.stop(&c.id, grace).await?;
@@ -55,7 +79,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
 
         let t = Instant::now();
         let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
-        self.confirm_free(&all).await?;
+        self.confirm_free(&all, self.cfg.free_memory_bytes).await?;
         self.shared
             .record_phase(SequenceKind::Drain, "confirm_free", t);
         Ok(())

@@ -83,6 +83,9 @@ pub enum EngineError {
     Other(String),
 }
 
+/// A container's output as it comes, in chunks (stdout and stderr interleaved).
+pub type LogStream = futures_util::stream::BoxStream<'static, Result<Vec<u8>, EngineError>>;
+
 /// The container runtime. Every call is idempotent where the runtime allows it: stopping a
 /// stopped container or removing a removed one succeeds.
 pub trait Engine: Send + Sync + 'static {
@@ -124,4 +127,8 @@ pub trait Engine: Send + Sync + 'static {
         id: &str,
         tail: Option<usize>,
     ) -> impl Future<Output = Result<String, EngineError>> + Send;
+
+    /// The container's stdout and stderr: the last `tail` lines (all when `None`), then,
+    /// with `follow`, what it writes until it exits.
+    fn log_stream(&self, id: &str, tail: Option<usize>, follow: bool) -> LogStream;
 }

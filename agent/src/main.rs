@@ -36,6 +36,26 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Show what the agent sees on this host now: GPUs, container engine, managed
+    /// containers, vLLM signals. Changes nothing.
+    Probe {
+        /// vLLM's base URL; `http://127.0.0.1:<replica.host_port>` by default.
+        #[arg(long)]
+        vllm_url: Option<String>,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+        /// This node's name (overrides `node`); managed containers carry it.
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Text,
+    Json,
 }
 
 #[tokio::main]
@@ -66,6 +86,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 &cfg.tls,
             )?;
             println!("configuration is valid");
+            Ok(())
+        }
+        Command::Probe {
+            vllm_url,
+            output,
+            node,
+            config,
+        } => {
+            let mut cfg = AgentConfig::load(config.as_deref())?;
+            if let Some(node) = node {
+                cfg.node = node;
+            }
+            let report = probe(&cfg, vllm_url).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                Output::Text => print!("{}", nightshift_agent::probe::render_text(&report)),
+            }
             Ok(())
         }
         Command::Run {
@@ -101,6 +138,36 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+async fn probe(cfg: &AgentConfig, vllm_url: Option<String>) -> anyhow::Result<serde_json::Value> {
+    use nightshift_agent::probe;
+    let node = cfg.node_name();
+    let gpus = HostGpus::open(&node, cfg.gpus.fake, cfg.gpus.nvml_library.as_deref())
+        .map_err(|e| e.to_string());
+    let gpus = probe::gpus_part(gpus);
+    let engine = DockerEngine::connect().await.map_err(|e| e.to_string());
+    let (docker, containers) = probe::engine_part(engine, &node).await;
+    let url = vllm_url.or_else(|| {
+        (cfg.replica.host_port != 0).then(|| format!("http://127.0.0.1:{}", cfg.replica.host_port))
+    });
+    let serving = HttpServing::new()?;
+    let (vllm, vllm_error) = match &url {
+        Some(url) => probe::vllm_part(&serving, url).await,
+        None => (
+            serde_json::Value::Null,
+            serde_json::json!("no --vllm-url and replica.host_port is 0"),
+        ),
+    };
+    Ok(serde_json::json!({
+        "node": node,
+        "agent_version": env!("CARGO_PKG_VERSION"),
+        "gpus": gpus,
+        "docker": docker,
+        "containers": containers,
+        "vllm": vllm,
+        "vllm_error": vllm_error,
+    }))
 }
 
 async fn shutdown_signal() {

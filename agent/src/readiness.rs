@@ -1,6 +1,7 @@
 //! The load balancer's view of this node's replica: `GET /ready` answers 200 only while the
 //! replica is healthy and not draining, so HAProxy, nginx or Envoy stop sending it requests
-//! before a drain begins. `GET /status` shows what the agent sees, as JSON.
+//! before a drain begins. `GET /status` shows what the agent sees, as JSON; `GET /metrics`
+//! is the agent's own metrics (see `telemetry.rs`).
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/ready", get(ready))
         .route("/status", get(status))
+        .route("/metrics", get(metrics))
         .with_state(shared)
 }
 
@@ -24,6 +26,17 @@ async fn ready(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) 
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> impl axum::response::IntoResponse {
+    shared.telemetry.coordinator_silence(shared.since_contact());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        shared.telemetry.render(),
+    )
 }
 
 async fn status(State(shared): State<Arc<Shared>>) -> axum::Json<serde_json::Value> {

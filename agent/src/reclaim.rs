@@ -30,6 +30,19 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 self.shared.set_ready(true);
                 return Ok(());
             }
+            // Sleeping (lent in sleep mode, or adopted asleep after a restart): wake it.
+            if let Some(u) = &url
+                && (state == ReplicaState::Sleeping
+                    || self.serving.is_sleeping(u).await == Some(true))
+            {
+                let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
+                let t = Instant::now();
+                self.confirm_free(&all, self.cfg.replica.sleep_max_used_bytes)
+                    .await?;
+                self.shared
+                    .record_phase(SequenceKind::Reclaim, "confirm_free", t);
+                self.wake_replica(u).await?;
+            }
             // Started earlier or adopted after a restart: wait for it to be healthy.
             self.shared.update(|o| {
                 o.replica = ReplicaState::Starting;
@@ -40,7 +53,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
 
         let t = Instant::now();
         let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
-        self.confirm_free(&all).await?;
+        self.confirm_free(&all, self.cfg.free_memory_bytes).await?;
         self.shared
             .record_phase(SequenceKind::Reclaim, "confirm_free", t);
 
@@ -94,14 +107,18 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             Some(u) => self.serving.health(u).await == Health::Healthy,
             None => false,
         };
+        let asleep = match &url {
+            Some(u) if healthy => self.serving.is_sleeping(u).await == Some(true),
+            _ => false,
+        };
         self.shared.update(|o| {
-            o.replica = if healthy {
-                ReplicaState::Serving
-            } else {
-                ReplicaState::Starting
+            o.replica = match (healthy, asleep) {
+                (true, true) => ReplicaState::Sleeping,
+                (true, false) => ReplicaState::Serving,
+                _ => ReplicaState::Starting,
             };
             o.replica_url = url;
         });
-        self.shared.set_ready(healthy);
+        self.shared.set_ready(healthy && !asleep);
     }
 }

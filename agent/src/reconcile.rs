@@ -11,11 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightshift_common::labels;
-use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState};
+use nightshift_common::{JobRun, JobRunState, LeaseGrant, ReplicaState};
 
 use crate::config::AgentConfig;
 use crate::engine::{Container, ContainerState, Engine, EngineError};
 use crate::gpus::{GpuError, Gpus};
+use crate::host::Host;
+use crate::host::sysinfo::SysinfoHost;
 use crate::job::{self, GRACE_LABEL, JobDirs};
 use crate::serving::ServingMetrics;
 use crate::state::Shared;
@@ -30,6 +32,8 @@ pub enum ReconcileError {
     GpusBusy { gpus: Vec<u32>, waited: Duration },
     #[error("replica did not become healthy within {0:?}")]
     HealthTimeout(Duration),
+    #[error("waking the replica failed: {0}")]
+    Wake(crate::serving::ServingError),
     #[error("cannot prepare job directories under {path}: {source}")]
     JobDirs {
         path: String,
@@ -51,6 +55,11 @@ pub struct Reconciler<E, G, S> {
     start_failures: HashMap<u64, String>,
     /// Output parameters read from a finished container, by container id.
     outputs: HashMap<String, BTreeMap<String, String>>,
+    /// Leases the fail-safe stopped (id → epoch): refused until the coordinator drops them.
+    pub(crate) void: BTreeMap<u64, u64>,
+    /// A silence already logged (the fail-safe is loud once, not every pass).
+    pub(crate) silence_logged: bool,
+    host: Arc<dyn Host>,
 }
 
 /// How often waits poll what they wait for.
@@ -74,7 +83,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             stopped: HashSet::new(),
             start_failures: HashMap::new(),
             outputs: HashMap::new(),
+            void: BTreeMap::new(),
+            silence_logged: false,
+            host: Arc::new(SysinfoHost::new()),
         }
+    }
+
+    /// Reads the host's facts (the checkpoint volume's free space) from `host`.
+    pub fn with_host(mut self, host: Arc<dyn Host>) -> Self {
+        self.host = host;
+        self
     }
 
     pub(crate) fn node(&self) -> &str {
@@ -87,31 +105,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             .is_some_and(|d| d.serve && d.leases.is_empty())
     }
 
-    /// The desired state to act on: the coordinator's, unless it has been silent for longer
-    /// than a lease lives, in which case every lease has expired and the node serves again on
-    /// its own (service first).
-    fn effective_desired(&self) -> Option<DesiredNode> {
-        let desired = self.shared.desired()?;
-        let silent = self
-            .shared
-            .since_contact()
-            .is_some_and(|d| d > Duration::from_millis(desired.lease_ttl_ms));
-        if silent && !desired.leases.is_empty() {
-            tracing::warn!(
-                node = %self.node(),
-                "coordinator silent for longer than the lease ttl: stopping jobs and serving again"
-            );
-            return Some(DesiredNode {
-                serve: true,
-                leases: Vec::new(),
-                ..desired
-            });
-        }
-        Some(desired)
-    }
-
     /// One reconcile pass.
     pub async fn pass(&mut self) -> Result<(), ReconcileError> {
+        self.track_failsafe();
         let containers = self.managed().await?;
         self.learn_fences(&containers);
         let Some(desired) = self.effective_desired() else {
@@ -136,7 +132,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         } else {
             self.drain(&containers).await?;
             let containers = self.managed().await?;
-            if self.shared.observed().replica == ReplicaState::Stopped {
+            if matches!(
+                self.shared.observed().replica,
+                ReplicaState::Stopped | ReplicaState::Sleeping
+            ) {
                 self.start_jobs(&containers, &leases).await?;
             }
         }
@@ -252,9 +251,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             .iter()
             .flat_map(|l| l.gpus.iter().copied())
             .collect();
-        self.confirm_free(&gpus).await?;
+        self.confirm_free(&gpus, self.free_limit()).await?;
         let started = Instant::now();
         for lease in missing {
+            if let Some(message) = self.checkpoint_volume_short() {
+                tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
+                self.start_failures.insert(lease.lease_id, message);
+                continue;
+            }
             let dirs = JobDirs::new(&self.cfg.work_dir, lease.job_id);
             dirs.create().map_err(|source| ReconcileError::JobDirs {
                 path: self.cfg.work_dir.display().to_string(),
@@ -290,17 +294,58 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         Ok(())
     }
 
-    /// Waits until NVML shows `gpus` free, up to the configured timeout.
-    pub(crate) async fn confirm_free(&self, gpus: &[u32]) -> Result<(), ReconcileError> {
-        let timeout = Duration::from_secs_f64(self.cfg.free_timeout_s);
+    /// Why no job may start for lack of checkpoint space, if so.
+    fn checkpoint_volume_short(&self) -> Option<String> {
+        let floor = self.cfg.checkpoint_min_free_bytes;
+        let free = self
+            .host
+            .facts(&self.cfg.work_dir)
+            .checkpoint_volume_free_bytes?;
+        (free < floor).then(|| {
+            format!(
+                "the checkpoint volume of {} has {free} bytes free, below the floor of {floor} (checkpoint_min_free_bytes)",
+                self.cfg.work_dir.display()
+            )
+        })
+    }
+
+    /// How much memory a GPU may still hold and count as free: a sleeping replica keeps its
+    /// CUDA context.
+    pub(crate) fn free_limit(&self) -> u64 {
+        if self.shared.observed().replica == ReplicaState::Sleeping {
+            self.cfg.replica.sleep_max_used_bytes
+        } else {
+            self.cfg.free_memory_bytes
+        }
+    }
+
+    /// Waits until NVML shows at most `limit` bytes used on each of `gpus`, up to the
+    /// configured timeout.
+    pub(crate) async fn confirm_free(
+        &self,
+        gpus: &[u32],
+        limit: u64,
+    ) -> Result<(), ReconcileError> {
+        self.wait_free(
+            gpus,
+            limit,
+            Duration::from_secs_f64(self.cfg.free_timeout_s),
+        )
+        .await
+    }
+
+    pub(crate) async fn wait_free(
+        &self,
+        gpus: &[u32],
+        limit: u64,
+        timeout: Duration,
+    ) -> Result<(), ReconcileError> {
         let started = Instant::now();
         loop {
             let status = self.gpus.status()?;
             let busy: Vec<u32> = status
                 .iter()
-                .filter(|s| {
-                    gpus.contains(&s.index) && s.memory_used_bytes > self.cfg.free_memory_bytes
-                })
+                .filter(|s| gpus.contains(&s.index) && s.memory_used_bytes > limit)
                 .map(|s| s.index)
                 .collect();
             if busy.is_empty() {

@@ -1,5 +1,6 @@
 //! What the agent's tasks share: the desired state from the coordinator, what the reconcile
-//! loop last observed, the readiness flag the load balancer polls, and the phase log.
+//! loop last observed, the readiness flag the load balancer polls, the phase log, and the
+//! agent's own metrics.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -8,6 +9,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use nightshift_common::{DesiredNode, JobRun, PhaseRecord, ReplicaState, SequenceKind, UnixMillis};
 use tokio::sync::watch;
+
+use crate::telemetry::Telemetry;
 
 /// Phases kept for heartbeats; the coordinator deduplicates by `seq`.
 const PHASES_SENT: usize = 32;
@@ -19,6 +22,8 @@ pub struct Observed {
     pub replica_url: Option<String>,
     pub runs: Vec<JobRun>,
     pub applied_version: u64,
+    /// Leases stopped by the fail-safe, reported until the coordinator drops them.
+    pub expired_leases: Vec<u64>,
 }
 
 pub struct Shared {
@@ -30,6 +35,8 @@ pub struct Shared {
     desired: watch::Sender<Option<DesiredNode>>,
     /// When the coordinator last answered a heartbeat.
     last_contact: Mutex<Option<Instant>>,
+    /// The agent's own metrics.
+    pub telemetry: Telemetry,
 }
 
 pub fn now_ms() -> UnixMillis {
@@ -48,11 +55,13 @@ impl Shared {
                 replica_url: None,
                 runs: Vec::new(),
                 applied_version: 0,
+                expired_leases: Vec::new(),
             }),
             phases: Mutex::new(VecDeque::new()),
             next_seq: AtomicU64::new(1),
             desired: watch::channel(None).0,
             last_contact: Mutex::new(None),
+            telemetry: Telemetry::new(),
         }
     }
 
@@ -62,6 +71,7 @@ impl Shared {
     }
 
     pub fn set_ready(&self, ready: bool) {
+        self.telemetry.ready(ready);
         if self.ready.swap(ready, Ordering::SeqCst) != ready {
             tracing::info!(node = %self.node, ready, "readiness changed");
         }
@@ -80,7 +90,9 @@ impl Shared {
 
     /// Records a finished phase of a drain or reclaim sequence.
     pub fn record_phase(&self, sequence: SequenceKind, phase: &str, started: Instant) {
-        let duration_ms = started.elapsed().as_millis() as u64;
+        let took = started.elapsed();
+        self.telemetry.phase(sequence, phase, took);
+        let duration_ms = took.as_millis() as u64;
         let record = PhaseRecord {
             seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
             sequence,

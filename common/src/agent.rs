@@ -34,6 +34,9 @@ pub struct RegisterRequest {
     /// Where the load balancer's health check for this node's replica answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness_url: Option<String>,
+    /// The agent's own base URL (job logs at `/v1/jobs/ID/logs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_url: Option<String>,
     pub agent_version: String,
 }
 
@@ -58,6 +61,32 @@ pub struct Heartbeat {
     /// with a `seq` it has not seen yet, so resending is harmless.
     #[serde(default)]
     pub phases: Vec<PhaseRecord>,
+    /// Leases the agent stopped on its own because it could not renew them in time (the
+    /// fail-safe): their jobs were checkpointed and stopped and the node serves again. The
+    /// agent refuses these leases from then on and lists them until the coordinator no
+    /// longer grants them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expired_leases: Vec<u64>,
+    /// Facts about the host (CPU, memory, the checkpoint volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostFacts>,
+    /// The agent's base URL, as at registration (so a restarted coordinator knows it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_url: Option<String>,
+}
+
+/// The host's resources as the agent sees them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostFacts {
+    pub cpus: u32,
+    /// Busy share of all CPUs since the previous heartbeat, 0 to 100.
+    pub cpu_usage_percent: f64,
+    pub memory_total_bytes: u64,
+    pub memory_available_bytes: u64,
+    /// The volume holding the agent's `work_dir` (job checkpoints and outputs).
+    pub checkpoint_volume_total_bytes: Option<u64>,
+    pub checkpoint_volume_free_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +109,9 @@ pub enum ReplicaState {
     Draining,
     /// No container running: its GPUs are free to lend.
     Stopped,
+    /// The container runs but vLLM sleeps (sleep mode): its weights are offloaded, its GPU
+    /// memory released, and the GPUs lent; waking it is much faster than a cold start.
+    Sleeping,
     /// The container exited on its own or could not be started.
     Failed,
 }
@@ -91,6 +123,7 @@ impl ReplicaState {
             Self::Serving => "serving",
             Self::Draining => "draining",
             Self::Stopped => "stopped",
+            Self::Sleeping => "sleeping",
             Self::Failed => "failed",
         }
     }
@@ -114,6 +147,24 @@ pub struct ServingSignals {
     pub requests_running: Option<f64>,
     pub requests_waiting: Option<f64>,
     pub kv_cache_usage: Option<f64>,
+    /// Prompt tokens per second over the agent's window (counter resets are handled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_per_s: Option<f64>,
+    /// Generated tokens per second over the agent's window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_tokens_per_s: Option<f64>,
+    /// Time to first token, median over the window, from histogram deltas, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p50_s: Option<f64>,
+    /// Time to first token, 95th percentile over the window, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p95_s: Option<f64>,
+    /// How many engine cores (`engine` label values) the replica runs; unknown on V0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engines: Option<u32>,
+    /// `vllm:engine_sleep_state`: `awake`, `weights_offloaded` or `discard_all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep_state: Option<String>,
 }
 
 /// A job container on the node as the agent observes it.

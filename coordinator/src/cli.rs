@@ -121,6 +121,16 @@ pub enum Command {
         #[arg(long, value_parser = ["team", "job", "day", "month"])]
         by: Option<String>,
     },
+    /// Print a job's container output (stdout and stderr) while it has one.
+    Logs {
+        id: u64,
+        /// Keep printing what the job writes until its container exits.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only the last N lines, then (with -f) what follows.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+    },
     /// Run a self-contained demonstration cluster.
     Demo,
     /// Simulate a fleet on a traffic trace and compare lending policies.
@@ -346,6 +356,11 @@ async fn execute(
                     job.state.as_str()
                 )
             })?;
+        }
+        Command::Logs { id, follow, tail } => {
+            Client::new(&cli.coordinator)?
+                .logs(*id, *tail, *follow, out)
+                .await?;
         }
         Command::Nodes => {
             let list = client(cli)?.nodes().await?;

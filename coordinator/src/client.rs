@@ -235,6 +235,56 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/jobs/{id}/logs`: writes the job's container output to `out` as it comes;
+    /// with `follow`, until the container exits (no overall timeout then).
+    pub async fn logs(
+        &self,
+        id: u64,
+        tail: Option<usize>,
+        follow: bool,
+        out: &mut (dyn std::io::Write + Send),
+    ) -> Result<(), ClientError> {
+        let mut path = format!("v1/jobs/{id}/logs?follow={follow}");
+        if let Some(n) = tail {
+            path.push_str(&format!("&tail={n}"));
+        }
+        let url = self.base.join(&path).map_err(|e| ClientError::InvalidUrl {
+            url: format!("{}/{path}", self.shown),
+            reason: e.to_string(),
+        })?;
+        let request = format!("GET {url}");
+        let mut builder = self.http.get(url);
+        if follow {
+            // Followed logs last as long as the job; only the connection is bounded.
+            builder = builder.timeout(Duration::from_secs(365 * 24 * 3600));
+        }
+        let mut response = builder
+            .send()
+            .await
+            .map_err(|e| self.transport(&request, e))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| self.transport(&request, e))?;
+            return Err(error_from_body(request, status, &body));
+        }
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| self.transport(&request, e))?
+        {
+            out.write_all(&chunk).map_err(|e| ClientError::Status {
+                request: request.clone(),
+                status,
+                body: format!("cannot write the logs: {e}"),
+            })?;
+            let _ = out.flush();
+        }
+        Ok(())
+    }
+
     /// `GET /v1/nodes`.
     pub async fn nodes(&self) -> Result<NodeList, ClientError> {
         self.call::<(), _>(Method::GET, "v1/nodes", None).await

@@ -36,6 +36,9 @@ pub struct Cluster {
     pub accounting: AccountingConfig,
     pub metrics: crate::metrics::Metrics,
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Each agent's base URL, as it last said (register, heartbeats): an address book of the
+    /// shell, not a decision, so the core does not hold it.
+    agent_urls: Mutex<HashMap<String, String>>,
 }
 
 /// Wall-clock milliseconds since the Unix epoch: the only clock the core is given.
@@ -69,7 +72,25 @@ impl Cluster {
             accounting,
             metrics: crate::metrics::Metrics::default(),
             versions: Mutex::new(versions),
+            agent_urls: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Notes where `node`'s agent answers.
+    pub fn note_agent_url(&self, node: &str, url: &str) {
+        let mut urls = self.agent_urls.lock().unwrap_or_else(|p| p.into_inner());
+        if urls.get(node).map(String::as_str) != Some(url) {
+            urls.insert(node.to_owned(), url.to_owned());
+        }
+    }
+
+    /// Where `node`'s agent answers, once it has said.
+    pub fn agent_url(&self, node: &str) -> Option<String> {
+        self.agent_urls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .cloned()
     }
 
     /// Runs `f` on the core at the current time, persists what changed, then wakes the agents

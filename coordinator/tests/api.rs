@@ -92,6 +92,7 @@ impl Server {
             service: "default".into(),
             address: None,
             readiness_url: None,
+            agent_url: None,
             agent_version: "test".into(),
         };
         let (status, _) = self
@@ -109,12 +110,16 @@ impl Server {
                     requests_running: Some(0.0),
                     requests_waiting: Some(0.0),
                     kv_cache_usage: Some(0.0),
+                    ..Default::default()
                 },
                 url: None,
             },
             jobs: vec![],
             applied_version: 0,
             phases: vec![],
+            expired_leases: vec![],
+            host: None,
+            agent_url: None,
         };
         let (status, body) = self
             .post(
@@ -272,12 +277,16 @@ impl Server {
                     requests_running: Some(0.0),
                     requests_waiting: Some(0.0),
                     kv_cache_usage: Some(0.0),
+                    ..ServingSignals::default()
                 },
                 url: None,
             },
             jobs,
             applied_version: applied,
             phases: vec![],
+            expired_leases: vec![],
+            host: None,
+            agent_url: None,
         };
         let (status, body) = self
             .post(

@@ -356,3 +356,46 @@ pub fn coordinator_toml(cfg: &CoordinatorConfig) -> String {
         s.scale_up.running_per_replica,
     )
 }
+
+/// A real `nightshift-coordinator serve` process, killed when dropped.
+pub struct CoordinatorProcess {
+    child: std::process::Child,
+    pub url: String,
+}
+
+impl CoordinatorProcess {
+    /// Starts the binary on `port` with `data` as its data directory and `config` (TOML).
+    pub fn spawn(port: u16, data: &Path, config: &Path) -> Self {
+        let child = std::process::Command::new(workspace_bin("nightshift-coordinator"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn nightshift-coordinator");
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for CoordinatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

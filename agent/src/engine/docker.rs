@@ -22,7 +22,8 @@ use bollard::query_parameters::{
 use futures_util::TryStreamExt;
 
 use super::{
-    Container, ContainerSpec, ContainerState, Engine, EngineError, GpuAccess, PortPublish,
+    Container, ContainerSpec, ContainerState, Engine, EngineError, GpuAccess, LogStream,
+    PortPublish,
 };
 
 /// Where bollard looks when `DOCKER_HOST` names no unix socket.
@@ -241,6 +242,23 @@ impl Engine for DockerEngine {
             .await
             .map_err(|err| engine_error(id, err))?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn log_stream(&self, id: &str, tail: Option<usize>, follow: bool) -> LogStream {
+        let tail = tail.map_or_else(|| "all".to_owned(), |lines| lines.to_string());
+        let options = LogsOptionsBuilder::new()
+            .stdout(true)
+            .stderr(true)
+            .follow(follow)
+            .tail(&tail)
+            .build();
+        let subject = id.to_owned();
+        Box::pin(
+            self.docker
+                .logs(id, Some(options))
+                .map_ok(|chunk| chunk.into_bytes().to_vec())
+                .map_err(move |err| engine_error(&subject, err)),
+        )
     }
 }
 

@@ -3,10 +3,18 @@
 //! Every request has its own timeout and the metrics body is read up to a bound, so a stuck
 //! or runaway server costs the agent at most one timeout per call. Failures never propagate
 //! out of the port: `health` answers [`Health::Unreachable`] when no HTTP answer came, and
-//! `signals` answers all-`None` signals, each with a `tracing::debug!` saying why.
+//! `signals` answers all-`None` signals. Why a page could not be read is logged once at
+//! `warn` when it starts (and again only when the reason changes), and once at `info` when
+//! the page is readable again, not at every scrape.
+//!
+//! It also drives vLLM's dev-mode sleep endpoints (`/sleep`, `/wake_up`, `/is_sleeping`,
+//! mounted with `VLLM_SERVER_DEV_MODE=1`), and keeps a [`LoadWindow`] per replica so that
+//! the signals carry token rates and TTFT quantiles from successive scrapes.
 
+use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use nightshift_common::ServingSignals;
 use reqwest::StatusCode;
@@ -14,7 +22,8 @@ use reqwest::header::ACCEPT;
 
 use super::prometheus::Scrape;
 use super::vllm::VllmSnapshot;
-use super::{Health, ServingMetrics};
+use super::window::{DEFAULT_SPAN, LoadWindow};
+use super::{Health, ServingError, ServingMetrics};
 
 /// How long `/health` may take, connection included.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -33,6 +42,29 @@ pub struct HttpServing {
     health_timeout: Duration,
     metrics_timeout: Duration,
     max_metrics_bytes: usize,
+    span: Duration,
+    /// Per base URL: the scrapes of the window, and the last problem logged.
+    replicas: Arc<Mutex<HashMap<String, ReplicaView>>>,
+}
+
+#[derive(Debug)]
+struct ReplicaView {
+    window: LoadWindow,
+    problem: Option<String>,
+}
+
+/// A `/metrics` page as read (invalid UTF-8 replaced), to parse.
+#[derive(Debug, Clone)]
+pub struct Page(String);
+
+impl Page {
+    pub fn parse(&self) -> Scrape<'_> {
+        Scrape::parse(&self.0)
+    }
+
+    pub fn text(&self) -> &str {
+        &self.0
+    }
 }
 
 /// The HTTP client could not be built.
@@ -70,7 +102,81 @@ impl HttpServing {
             health_timeout: HEALTH_TIMEOUT,
             metrics_timeout: METRICS_TIMEOUT,
             max_metrics_bytes: MAX_METRICS_BYTES,
+            span: DEFAULT_SPAN,
+            replicas: Arc::default(),
         })
+    }
+
+    /// The window token rates and TTFT quantiles are computed over.
+    pub fn with_window(mut self, span: Duration) -> Self {
+        self.span = span;
+        self
+    }
+
+    /// Logs why `url`'s page is unusable, once per reason, or that it is usable again.
+    /// Returns whether it logged.
+    fn note_problem(&self, url: &str, problem: Option<String>) -> bool {
+        let mut replicas = self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
+        let view = replicas
+            .entry(url.to_owned())
+            .or_insert_with(|| ReplicaView {
+                window: LoadWindow::new(self.span),
+                problem: None,
+            });
+        if view.problem == problem {
+            return false;
+        }
+        match &problem {
+            Some(reason) => {
+                tracing::warn!(url, reason = %reason, "vllm metrics unusable; signals unknown until this changes")
+            }
+            None => tracing::info!(url, "vllm metrics readable again"),
+        }
+        view.problem = problem;
+        true
+    }
+
+    /// Why `url`'s last page was unusable, if it was.
+    pub fn problem(&self, url: &str) -> Option<String> {
+        let replicas = self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
+        replicas.get(url).and_then(|v| v.problem.clone())
+    }
+
+    fn derive(&self, url: &str, snapshot: &VllmSnapshot) -> super::window::Derived {
+        let mut replicas = self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
+        replicas
+            .entry(url.to_owned())
+            .or_insert_with(|| ReplicaView {
+                window: LoadWindow::new(self.span),
+                problem: None,
+            })
+            .window
+            .push(Instant::now(), snapshot)
+    }
+
+    async fn control(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        action: &'static str,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, ServingError> {
+        let failed = |reason: String| ServingError {
+            action,
+            url: url.clone(),
+            reason,
+        };
+        let response = self
+            .client
+            .request(method, &url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| failed(chain(&e)))?;
+        if !response.status().is_success() {
+            return Err(failed(format!("status {}", response.status().as_u16())));
+        }
+        Ok(response)
     }
 
     pub fn with_timeouts(mut self, health: Duration, metrics: Duration) -> Self {
@@ -84,26 +190,22 @@ impl HttpServing {
         self
     }
 
-    /// Reads and parses `{base_url}/metrics`. Lines the parser rejected are in
-    /// [`Scrape::errors`]; they do not make this fail.
-    pub async fn scrape(&self, base_url: &str) -> Result<Scrape, ScrapeError> {
+    /// Reads `{base_url}/metrics`; [`Page::parse`] reads its samples. Lines the parser
+    /// rejects are in [`Scrape::errors`]; they do not make this fail.
+    pub async fn scrape(&self, base_url: &str) -> Result<Page, ScrapeError> {
         let url = endpoint(base_url, "metrics");
         let body = self.fetch_metrics(&url).await?;
-        let scrape = Scrape::parse(&String::from_utf8_lossy(&body));
-        if let Some(first) = scrape.errors.first() {
-            tracing::debug!(
-                url,
-                errors = scrape.errors.len(),
-                first = %first,
-                "vllm metrics page has lines that could not be read"
-            );
-        }
-        Ok(scrape)
+        Ok(Page(match String::from_utf8(body) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }))
     }
 
     /// Everything the agent reads from one scrape.
     pub async fn snapshot(&self, base_url: &str) -> Result<VllmSnapshot, ScrapeError> {
-        Ok(VllmSnapshot::from_scrape(&self.scrape(base_url).await?))
+        Ok(VllmSnapshot::from_scrape(
+            &self.scrape(base_url).await?.parse(),
+        ))
     }
 
     async fn fetch_metrics(&self, url: &str) -> Result<Vec<u8>, ScrapeError> {
@@ -166,13 +268,66 @@ impl ServingMetrics for HttpServing {
     }
 
     async fn signals(&self, base_url: &str) -> ServingSignals {
-        match self.snapshot(base_url).await {
-            Ok(snapshot) => snapshot.signals(),
+        let page = match self.scrape(base_url).await {
+            Ok(page) => page,
             Err(error) => {
-                tracing::debug!(error = %chain(&error), "vllm metrics unavailable");
-                ServingSignals::default()
+                self.note_problem(base_url, Some(chain(&error)));
+                return ServingSignals::default();
             }
+        };
+        let scrape = page.parse();
+        let snapshot = VllmSnapshot::from_scrape(&scrape);
+        let problem = match (scrape.errors.first(), scrape.samples.is_empty()) {
+            (Some(first), _) => Some(format!(
+                "{} unreadable lines, the first: {first}",
+                scrape.errors.len()
+            )),
+            (None, true) => Some("the page has no samples".to_owned()),
+            (None, false) => None,
+        };
+        self.note_problem(base_url, problem);
+        let derived = self.derive(base_url, &snapshot);
+        ServingSignals {
+            prompt_tokens_per_s: derived.prompt_tokens_per_s,
+            generation_tokens_per_s: derived.generation_tokens_per_s,
+            ttft_p50_s: derived.ttft_p50_s,
+            ttft_p95_s: derived.ttft_p95_s,
+            ..snapshot.signals()
         }
+    }
+
+    async fn sleep(
+        &self,
+        base_url: &str,
+        level: u8,
+        timeout: Duration,
+    ) -> Result<(), ServingError> {
+        let url = format!("{}?level={level}&mode=wait", endpoint(base_url, "sleep"));
+        self.control(reqwest::Method::POST, url, "sleep", timeout)
+            .await
+            .map(drop)
+    }
+
+    async fn wake_up(&self, base_url: &str, timeout: Duration) -> Result<(), ServingError> {
+        let url = endpoint(base_url, "wake_up");
+        self.control(reqwest::Method::POST, url, "wake up", timeout)
+            .await
+            .map(drop)
+    }
+
+    async fn is_sleeping(&self, base_url: &str) -> Option<bool> {
+        let url = endpoint(base_url, "is_sleeping");
+        let response = self
+            .control(
+                reqwest::Method::GET,
+                url,
+                "ask whether asleep",
+                self.health_timeout,
+            )
+            .await
+            .ok()?;
+        let body: serde_json::Value = response.json().await.ok()?;
+        body.get("is_sleeping")?.as_bool()
     }
 }
 
@@ -181,7 +336,7 @@ fn endpoint(base_url: &str, path: &str) -> String {
 }
 
 /// An error and its sources, joined by ": ".
-fn chain(error: &dyn StdError) -> String {
+pub(crate) fn chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -246,6 +401,9 @@ mod tests {
                 requests_running: Some(0.0),
                 requests_waiting: Some(0.0),
                 kv_cache_usage: Some(0.0),
+                engines: Some(1),
+                sleep_state: Some("awake".into()),
+                ..ServingSignals::default()
             }
         );
         let snapshot = serving.snapshot(&base).await.expect("snapshot");
@@ -348,13 +506,61 @@ mod tests {
             assert_eq!(serving.signals(&base).await, ServingSignals::default());
         }
         let roomy = self::serving().with_max_metrics_bytes(line.len() * 8);
+        let whole = roomy
+            .scrape(&format!("{base}/streamed"))
+            .await
+            .expect("fits");
+        assert_eq!(whole.parse().samples.len(), 8, "every chunk was read");
         assert_eq!(
             roomy
                 .signals(&format!("{base}/streamed"))
                 .await
                 .requests_running,
-            Some(8.0)
+            Some(1.0),
+            "the same series repeated counts once"
         );
+    }
+
+    #[test]
+    fn a_problem_is_logged_once_until_it_changes() {
+        let serving = serving();
+        let url = "http://127.0.0.1:1";
+        assert!(serving.note_problem(url, Some("truncated".into())));
+        assert!(!serving.note_problem(url, Some("truncated".into())));
+        assert!(serving.note_problem(url, Some("status 500".into())));
+        assert!(serving.note_problem(url, None), "recovery is logged");
+        assert!(!serving.note_problem(url, None));
+    }
+
+    #[tokio::test]
+    async fn rates_come_from_successive_scrapes() {
+        let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let router = Router::new().route(
+            "/metrics",
+            get(move || {
+                let n = scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    format!(
+                        "vllm:generation_tokens_total{{engine=\"0\"}} {}\n\
+                         vllm:prompt_tokens_total{{engine=\"0\"}} 7\n",
+                        1000 + 500 * n
+                    )
+                }
+            }),
+        );
+        let base = serve(router).await;
+        let serving = serving();
+        let first = serving.signals(&base).await;
+        assert_eq!(
+            first.generation_tokens_per_s, None,
+            "one scrape has no rate"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let second = serving.signals(&base).await;
+        let rate = second.generation_tokens_per_s.expect("a rate");
+        assert!(rate > 100.0 && rate <= 2_000.0, "{rate}");
+        assert_eq!(second.prompt_tokens_per_s, Some(0.0));
+        assert_eq!(second.engines, Some(1));
     }
 
     #[tokio::test]
@@ -364,8 +570,12 @@ mod tests {
             get(|| async { "<html>hello</html>\n\u{0}\u{1}{{{" }),
         );
         let base = serve(router).await;
-        let scrape = serving().scrape(&base).await.expect("a 200 page");
+        let page = serving().scrape(&base).await.expect("a 200 page");
+        let scrape = page.parse();
         assert_eq!(scrape.errors.len(), 2);
-        assert_eq!(serving().signals(&base).await, ServingSignals::default());
+        let serving = serving();
+        assert_eq!(serving.signals(&base).await, ServingSignals::default());
+        let problem = serving.problem(&base).expect("the reason is kept");
+        assert!(problem.contains("2 unreadable lines"), "{problem}");
     }
 }

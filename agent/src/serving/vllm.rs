@@ -6,7 +6,8 @@
 //! `vllm:kv_cache_usage_perc` (V1) is preferred over the older `vllm:gpu_cache_usage_perc`
 //! (V0 up to 0.11). Families are matched by exact name, so the `_created` gauges that V1 adds
 //! next to every counter and histogram are never read. A family that is absent, or holds a
-//! `NaN` or infinite value, is `None`: unknown, never zero.
+//! `NaN` or infinite value, is `None`: unknown, never zero. A series repeated with the same
+//! labels (a duplicate on a broken page) counts once, its last value winning.
 
 use nightshift_common::ServingSignals;
 
@@ -20,6 +21,10 @@ pub const GPU_CACHE_USAGE: &str = "vllm:gpu_cache_usage_perc";
 pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
 pub const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
 pub const TTFT_BUCKETS: &str = "vllm:time_to_first_token_seconds_bucket";
+pub const ENGINE_SLEEP_STATE: &str = "vllm:engine_sleep_state";
+
+/// The `sleep_state` label values of `vllm:engine_sleep_state`, shallowest first.
+pub const SLEEP_STATES: [&str; 3] = ["awake", "weights_offloaded", "discard_all"];
 
 /// What one scrape of a vLLM replica says, engines folded together.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -37,6 +42,12 @@ pub struct VllmSnapshot {
     /// Cumulative buckets of `vllm:time_to_first_token_seconds`, summed per `le` over
     /// engines, in increasing `le` order; `None` when the page has none.
     pub ttft_buckets: Option<Vec<Bucket>>,
+    /// How many distinct `engine` label values the `vllm:` series carry; `None` on pages
+    /// without the label (V0).
+    pub engines: Option<u32>,
+    /// The replica's sleep state from `vllm:engine_sleep_state`: the shallowest state any
+    /// engine is in (the replica sleeps only when every engine does).
+    pub sleep_state: Option<&'static str>,
 }
 
 /// One cumulative histogram bucket: `count` observations were at most `le`.
@@ -56,6 +67,8 @@ impl VllmSnapshot {
             prompt_tokens_total: sum(scrape, PROMPT_TOKENS),
             generation_tokens_total: sum(scrape, GENERATION_TOKENS),
             ttft_buckets: buckets(scrape, TTFT_BUCKETS),
+            engines: engines(scrape),
+            sleep_state: sleep_state(scrape),
         }
     }
 
@@ -65,6 +78,9 @@ impl VllmSnapshot {
             requests_running: self.requests_running,
             requests_waiting: self.requests_waiting,
             kv_cache_usage: self.kv_cache_usage,
+            engines: self.engines,
+            sleep_state: self.sleep_state.map(str::to_owned),
+            ..ServingSignals::default()
         }
     }
 }
@@ -78,9 +94,54 @@ impl From<&VllmSnapshot> for ServingSignals {
 /// The finite values of every series named `name`; `None` when there is no series or one
 /// of them is `NaN` or infinite.
 fn values(scrape: &Scrape, name: &str) -> Option<Vec<f64>> {
-    let values: Vec<f64> = scrape.series(name).map(|sample| sample.value).collect();
+    let values: Vec<f64> = distinct(scrape, name)
+        .iter()
+        .map(|sample| sample.value)
+        .collect();
     let usable = !values.is_empty() && values.iter().all(|value| value.is_finite());
     usable.then_some(values)
+}
+
+/// The series named `name`, one per label set (the last of duplicates wins).
+fn distinct<'s, 'a>(scrape: &'s Scrape<'a>, name: &'s str) -> Vec<&'s Sample<'a>> {
+    let mut kept: Vec<&Sample> = Vec::new();
+    for sample in scrape.series(name) {
+        match kept.iter_mut().find(|k| same_labels(k, sample)) {
+            Some(slot) => *slot = sample,
+            None => kept.push(sample),
+        }
+    }
+    kept
+}
+
+fn same_labels(a: &Sample, b: &Sample) -> bool {
+    a.labels.len() == b.labels.len() && a.labels.iter().all(|(k, v)| b.label(k) == Some(v.as_ref()))
+}
+
+/// Distinct `engine` label values over every `vllm:` series.
+fn engines(scrape: &Scrape) -> Option<u32> {
+    let mut seen: Vec<&str> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.name.starts_with("vllm:"))
+        .filter_map(|s| s.label("engine"))
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    (!seen.is_empty()).then_some(seen.len() as u32)
+}
+
+/// Per engine, the state whose gauge is 1; then the shallowest of them.
+fn sleep_state(scrape: &Scrape) -> Option<&'static str> {
+    distinct(scrape, ENGINE_SLEEP_STATE)
+        .into_iter()
+        .filter(|s| s.value == 1.0)
+        .filter_map(|s| {
+            let state = s.label("sleep_state")?;
+            SLEEP_STATES.iter().position(|known| *known == state)
+        })
+        .min()
+        .map(|i| SLEEP_STATES[i])
 }
 
 fn sum(scrape: &Scrape, name: &str) -> Option<f64> {
@@ -94,8 +155,8 @@ fn max(scrape: &Scrape, name: &str) -> Option<f64> {
 /// Histogram buckets summed per `le` across series. A bucket without a readable `le`, or
 /// with a non-finite count, makes the whole histogram unknown.
 fn buckets(scrape: &Scrape, name: &str) -> Option<Vec<Bucket>> {
-    let mut buckets = scrape
-        .series(name)
+    let mut buckets = distinct(scrape, name)
+        .into_iter()
         .map(bucket)
         .collect::<Option<Vec<_>>>()?;
     if buckets.is_empty() {
@@ -217,6 +278,8 @@ mod tests {
                     (2560.0, 917.0),
                     (inf, 917.0),
                 ]),
+                engines: Some(1),
+                sleep_state: Some("awake"),
             }
         );
         assert_eq!(
@@ -225,6 +288,9 @@ mod tests {
                 requests_running: Some(0.0),
                 requests_waiting: Some(0.0),
                 kv_cache_usage: Some(0.0),
+                engines: Some(1),
+                sleep_state: Some("awake".into()),
+                ..ServingSignals::default()
             }
         );
     }
@@ -241,6 +307,8 @@ mod tests {
                 prompt_tokens_total: Some(148.0),
                 generation_tokens_total: Some(955.0),
                 ttft_buckets: None,
+                engines: None,
+                sleep_state: None,
             }
         );
     }
@@ -266,6 +334,8 @@ mod tests {
                     (0.08, 138.0),
                     (0.1, 140.0),
                 ]),
+                engines: None,
+                sleep_state: None,
             }
         );
     }
@@ -319,6 +389,44 @@ vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1",model_name="m"} 4.0
     }
 
     #[test]
+    fn engines_and_sleep_state() {
+        let page = r#"
+vllm:num_requests_running{engine="0",model_name="m"} 1
+vllm:num_requests_running{engine="1",model_name="m"} 1
+vllm:engine_sleep_state{engine="0",sleep_state="awake"} 0.0
+vllm:engine_sleep_state{engine="0",sleep_state="weights_offloaded"} 1.0
+vllm:engine_sleep_state{engine="0",sleep_state="discard_all"} 0.0
+vllm:engine_sleep_state{engine="1",sleep_state="awake"} 0.0
+vllm:engine_sleep_state{engine="1",sleep_state="weights_offloaded"} 0.0
+vllm:engine_sleep_state{engine="1",sleep_state="discard_all"} 1.0
+"#;
+        let s = snapshot(page);
+        assert_eq!(s.engines, Some(2));
+        assert_eq!(s.sleep_state, Some("weights_offloaded"));
+        let one_awake = page.replace(
+            "engine=\"1\",sleep_state=\"awake\"} 0.0",
+            "engine=\"1\",sleep_state=\"awake\"} 1.0",
+        );
+        assert_eq!(snapshot(&one_awake).sleep_state, Some("awake"));
+        let unknown_state = "vllm:engine_sleep_state{engine=\"0\",sleep_state=\"dozing\"} 1\n";
+        assert_eq!(snapshot(unknown_state).sleep_state, None);
+    }
+
+    #[test]
+    fn duplicate_series_count_once() {
+        let page = "\
+vllm:num_requests_waiting{engine=\"0\"} 2
+vllm:num_requests_waiting{engine=\"0\"} 3
+vllm:num_requests_waiting{engine=\"1\"} 1
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\"} 4
+vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",engine=\"0\"} 4
+";
+        let s = snapshot(page);
+        assert_eq!(s.requests_waiting, Some(4.0));
+        assert_eq!(s.ttft_buckets, buckets(&[(f64::INFINITY, 4.0)]));
+    }
+
+    #[test]
     fn kv_cache_usage_prefers_the_v1_name() {
         let both = "vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.4\n";
         assert_eq!(snapshot(both).kv_cache_usage, Some(0.4));
@@ -348,7 +456,13 @@ vllm:num_requests_running{engine=\"1\"} NaN
 vllm:kv_cache_usage_perc{engine=\"0\"} +Inf
 vllm:time_to_first_token_seconds_bucket{le=\"0.1\"} NaN
 ";
-        assert_eq!(snapshot(page), VllmSnapshot::default());
+        assert_eq!(
+            snapshot(page),
+            VllmSnapshot {
+                engines: Some(2),
+                ..VllmSnapshot::default()
+            }
+        );
         let no_le = "vllm:time_to_first_token_seconds_bucket{engine=\"0\"} 1\n";
         assert_eq!(snapshot(no_le).ttft_buckets, None);
     }

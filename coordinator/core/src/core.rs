@@ -249,6 +249,32 @@ impl Core {
         n.runs = beat.jobs;
         let applied = n.applied_version;
         let runs = n.runs.clone();
+        // Leases the agent's fail-safe stopped while it could not reach us: their jobs were
+        // checkpointed and stopped; requeue them as preempted before anything is renewed.
+        for id in &beat.expired_leases {
+            let Some(lease) = self.leases.get(*id).filter(|l| l.node == node).cloned() else {
+                continue;
+            };
+            let message = format!(
+                "preempted: node {node} lost the coordinator and stopped the job (fail-safe)"
+            );
+            if self
+                .jobs
+                .get(&lease.job)
+                .is_some_and(|j| j.leases.contains(id))
+            {
+                self.member_event(
+                    now,
+                    &lease,
+                    JobEvent::MemberLost {
+                        lease: *id,
+                        message,
+                    },
+                );
+            } else {
+                self.release(now, *id, true);
+            }
+        }
         self.leases.renew(node, now, self.config.lease_ttl_ms);
 
         let node_leases: Vec<Lease> = self.leases.on_node(node).cloned().collect();

@@ -377,6 +377,9 @@ impl SimNode {
             jobs,
             applied_version: self.desired.as_ref().map_or(0, |d| d.version),
             phases: Vec::new(),
+            expired_leases: Vec::new(),
+            host: None,
+            agent_url: None,
         }
     }
 

@@ -44,6 +44,9 @@ pub async fn register(
             lease_ttl_ms: cfg.lease_ttl_ms,
         })
     })?;
+    if let Some(url) = &req.agent_url {
+        cluster.note_agent_url(&req.node, url);
+    }
     tracing::info!(node = %req.node, service = %req.service, gpus = req.gpus.len(), version = %req.agent_version, "agent registered");
     Ok(Json(reply))
 }
@@ -54,6 +57,9 @@ pub async fn heartbeat(
     body: Bytes,
 ) -> Result<Json<DesiredNode>, HttpError> {
     let beat: Heartbeat = parse("heartbeat", &body)?;
+    if let Some(url) = &beat.agent_url {
+        cluster.note_agent_url(&node, url);
+    }
     let (desired, phases) = cluster.apply(|core, now| {
         core.heartbeat(now, &node, beat)?;
         let desired = core

@@ -5,6 +5,7 @@ pub mod access;
 mod agents;
 mod identity;
 mod jobs;
+mod logs;
 mod nodes;
 mod policy;
 mod report;
@@ -61,6 +62,7 @@ fn build(
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/jobs/{id}/logs", get(logs::logs))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/report", get(report::report))
         .route("/v1/services/{name}/endpoints", get(services::list))

@@ -92,6 +92,7 @@ impl SimAgent {
                 requests_running: Some(0.0),
                 requests_waiting: Some(0.0),
                 kv_cache_usage: Some(0.0),
+                ..Default::default()
             },
             silent: false,
             fenced: BTreeMap::new(),
@@ -148,9 +149,10 @@ impl SimAgent {
         if desired.serve && leases.is_empty() {
             self.replica = match self.replica {
                 _ if jobs_live => ReplicaState::Stopped,
-                ReplicaState::Stopped | ReplicaState::Draining | ReplicaState::Failed => {
-                    ReplicaState::Starting
-                }
+                ReplicaState::Stopped
+                | ReplicaState::Sleeping
+                | ReplicaState::Draining
+                | ReplicaState::Failed => ReplicaState::Starting,
                 ReplicaState::Starting | ReplicaState::Serving => ReplicaState::Serving,
             };
         } else {
@@ -223,6 +225,9 @@ impl SimAgent {
             jobs: self.runs.clone(),
             applied_version: self.applied,
             phases: vec![],
+            expired_leases: vec![],
+            host: None,
+            agent_url: None,
         }
     }
 

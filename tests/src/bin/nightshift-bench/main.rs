@@ -398,6 +398,7 @@ async fn coordinator(
                 .collect(),
             service: "llm".into(),
             address: None,
+            agent_url: None,
             readiness_url: None,
             agent_version: "bench".into(),
         };
@@ -532,12 +533,16 @@ fn beat_of(state: &mut AgentState, job_beats: u32) -> Heartbeat {
                 requests_running: Some(0.0),
                 requests_waiting: Some(0.0),
                 kv_cache_usage: Some(0.0),
+                ..ServingSignals::default()
             },
             url: None,
         },
         jobs,
         applied_version: state.version,
         phases: vec![],
+        expired_leases: Vec::new(),
+        host: None,
+        agent_url: None,
     }
 }
 
