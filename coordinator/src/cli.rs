@@ -79,6 +79,11 @@ pub enum Command {
     Nodes,
     /// Run a self-contained demonstration cluster.
     Demo,
+    /// Check an Argo Workflows file offline; exits 2 when it cannot run, naming each line.
+    Lint {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq, Subcommand)]
@@ -104,6 +109,13 @@ pub enum CliError {
         source: SpecError,
     },
 
+    #[error("cannot read workflow file {path}: {source}")]
+    ReadWorkflowFile {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+
     #[error(transparent)]
     Client(#[from] ClientError),
 
@@ -127,6 +139,7 @@ impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             Self::ReadJobFile { .. }
+            | Self::ReadWorkflowFile { .. }
             | Self::JobFile { .. }
             | Self::Client(ClientError::InvalidUrl { .. }) => 2,
             Self::Client(_) | Self::Demo(_) | Self::Output(_) => 1,
@@ -255,6 +268,7 @@ async fn execute(
     let json = cli.output == OutputFormat::Json;
     match &cli.command {
         Command::Demo => return crate::demo::run(json).await.map_err(CliError::Demo),
+        Command::Lint { file } => return crate::lint::run(file, stdin, out, json),
         Command::Submit { file } => {
             // Read and validate first: a bad file never costs a request.
             let spec = read_job_file(file, stdin)?;

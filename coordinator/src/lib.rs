@@ -7,6 +7,7 @@ pub mod config;
 pub mod demo;
 pub mod gateway;
 pub mod http;
+pub mod lint;
 pub mod loadgen;
 pub mod server;
 pub mod store;

@@ -705,9 +705,14 @@ impl Decoder {
     }
 
     fn template(&mut self, node: &Node) -> Option<Template> {
+        let named = node
+            .map()
+            .and_then(|m| m.iter().find(|(k, _)| k.name == "name"))
+            .and_then(|(_, v)| v.scalar())
+            .map_or_else(|| "a template".to_owned(), |n| format!("template {n}"));
         let f = self.fields(
             node,
-            "a template",
+            &named,
             &[
                 "name",
                 "inputs",

@@ -2,11 +2,8 @@
 
 use std::fmt;
 
-use serde::Serialize;
-
 /// The rule a workflow breaks. Each has a stable kebab-case name for scripts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Rule {
     /// The file is not YAML.
     YamlSyntax,
@@ -63,7 +60,7 @@ impl fmt::Display for Rule {
 }
 
 /// One finding: the line (1-based), the rule, and what exactly is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Diagnostic {
     pub line: usize,
     pub rule: Rule,
@@ -91,8 +88,18 @@ impl fmt::Display for Diagnostic {
     }
 }
 
+impl From<&Diagnostic> for nightshift_common::LintFinding {
+    fn from(d: &Diagnostic) -> Self {
+        Self {
+            line: d.line,
+            rule: d.rule.as_str().to_owned(),
+            message: d.message.clone(),
+        }
+    }
+}
+
 /// Every finding of one file, in line order. Empty means the workflow can run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, thiserror::Error, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.summary())]
 pub struct Diagnostics(pub Vec<Diagnostic>);
 

@@ -35,7 +35,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
         Some((
             44,
             Rule::UnknownField,
-            "`annotations` is not a field of a template",
+            "`annotations` is not a field of template cat-os-release",
         )),
     ),
     ("loops.yaml", None),
@@ -49,7 +49,11 @@ const EXPECTED: &[(&str, Verdict)] = &[
     ("timeouts-step.yaml", None),
     (
         "timeouts-workflow.yaml",
-        Some((36, Rule::UnsupportedFeature, "`nodeSelector` in a template")),
+        Some((
+            36,
+            Rule::UnsupportedFeature,
+            "`nodeSelector` in template unschedulable",
+        )),
     ),
 ];
 

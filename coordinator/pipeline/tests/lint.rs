@@ -119,7 +119,7 @@ fn unsupported_and_unknown_fields_name_their_line() {
         &d,
         10,
         Rule::UnsupportedFeature,
-        "script templates are not supported",
+        "`script` in template main: script templates are not supported",
     );
     has(
         &d,
