@@ -79,6 +79,12 @@ pub enum EngineError {
     NotFound(String),
     #[error("image {0} not found on this host (nothing is pulled; build or load it first)")]
     ImageMissing(String),
+    #[error("{path} in container {container} is larger than {limit} bytes")]
+    FileTooLarge {
+        container: String,
+        path: String,
+        limit: u64,
+    },
     #[error("container engine: {0}")]
     Other(String),
 }
@@ -117,6 +123,16 @@ pub trait Engine: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), EngineError>> + Send;
 
     fn remove(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+
+    /// The content of the regular file `path` in the container's file system, running or
+    /// exited (not yet removed): `None` when there is no such file, `FileTooLarge` above
+    /// `limit` bytes. This is how a step's output parameters are read after it exits.
+    fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        limit: u64,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, EngineError>> + Send;
 
     /// The last `tail` lines (all when `None`) of the container's stdout and stderr.
     fn logs(

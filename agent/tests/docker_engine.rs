@@ -546,3 +546,39 @@ impl Tar {
         self.bytes.resize(len, 0);
     }
 }
+
+#[tokio::test]
+async fn read_file_copies_a_file_out_of_an_exited_container() -> Result<()> {
+    let t = Fixture::new("readfile").await?;
+    let spec = t.spec(
+        "c",
+        "printf 'hello world' > /tmp/out.txt; head -c 2048 /dev/zero > /tmp/big; mkdir /tmp/d",
+    );
+    let id = t.engine.run(&spec).await?;
+    t.wait_for_state(&id, ContainerState::Exited { exit_code: 0 })
+        .await?;
+    let read = t.engine.read_file(&id, "/tmp/out.txt", 1024).await?;
+    assert_eq!(read.as_deref(), Some(&b"hello world"[..]));
+    assert_eq!(t.engine.read_file(&id, "/tmp/missing", 1024).await?, None);
+    assert_eq!(t.engine.read_file(&id, "/tmp/d", 1024).await?, None);
+    let err = t.engine.read_file(&id, "/tmp/big", 1024).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            nightshift_agent::engine::EngineError::FileTooLarge { limit: 1024, .. }
+        ),
+        "{err}"
+    );
+    let gone = t
+        .engine
+        .read_file("nightshift-no-such-container", "/tmp/x", 1)
+        .await;
+    assert!(
+        matches!(
+            gone,
+            Err(nightshift_agent::engine::EngineError::NotFound(_))
+        ),
+        "{gone:?}"
+    );
+    t.cleanup().await
+}

@@ -16,8 +16,9 @@ use bollard::models::{
     HostConfig, PortBinding, PortMap, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
 };
 use futures_util::TryStreamExt;
 
@@ -223,6 +224,42 @@ impl Engine for DockerEngine {
         }
     }
 
+    async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, EngineError> {
+        let options = DownloadFromContainerOptionsBuilder::new()
+            .path(path)
+            .build();
+        // A tar archive of the file: its header, the content, padding. A file within `limit`
+        // never needs more than this many bytes of it.
+        let budget = limit + 64 * 1024;
+        let mut stream = self.docker.download_from_container(id, Some(options));
+        let mut archive = Vec::new();
+        loop {
+            match stream.try_next().await {
+                Ok(Some(chunk)) => {
+                    archive.extend_from_slice(&chunk);
+                    if archive.len() as u64 > budget {
+                        return Err(too_large(id, path, limit));
+                    }
+                }
+                Ok(None) => break,
+                Err(DockerError::DockerResponseServerError {
+                    status_code: 404,
+                    message,
+                }) if !message.contains("No such container") => return Ok(None),
+                Err(err) => return Err(engine_error(id, err)),
+            }
+        }
+        first_file(&archive, limit).map_err(|e| match e {
+            TarError::TooLarge => too_large(id, path, limit),
+            TarError::Read(e) => EngineError::Other(format!("{id}: archive of {path}: {e}")),
+        })
+    }
+
     async fn logs(&self, id: &str, tail: Option<usize>) -> Result<String, EngineError> {
         let tail = tail.map_or_else(|| "all".to_owned(), |lines| lines.to_string());
         let options = LogsOptionsBuilder::new()
@@ -242,6 +279,39 @@ impl Engine for DockerEngine {
             .map_err(|err| engine_error(id, err))?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+fn too_large(id: &str, path: &str, limit: u64) -> EngineError {
+    EngineError::FileTooLarge {
+        container: id.to_owned(),
+        path: path.to_owned(),
+        limit,
+    }
+}
+
+enum TarError {
+    TooLarge,
+    Read(std::io::Error),
+}
+
+/// The content of the first regular file of a tar archive; `None` when it holds none (the
+/// path was a directory).
+fn first_file(archive: &[u8], limit: u64) -> Result<Option<Vec<u8>>, TarError> {
+    use std::io::Read;
+    let mut tar = tar::Archive::new(archive);
+    for entry in tar.entries().map_err(TarError::Read)? {
+        let mut entry = entry.map_err(TarError::Read)?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        if entry.size() > limit {
+            return Err(TarError::TooLarge);
+        }
+        let mut content = Vec::new();
+        entry.read_to_end(&mut content).map_err(TarError::Read)?;
+        return Ok(Some(content));
+    }
+    Ok(None)
 }
 
 /// The socket `connect_with_local_defaults` dials, for error messages.
