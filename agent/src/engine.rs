@@ -134,6 +134,13 @@ pub trait Engine: Send + Sync + 'static {
         limit: u64,
     ) -> impl Future<Output = Result<Option<Vec<u8>>, EngineError>> + Send;
 
+    /// The container's standard output alone, its last `limit` bytes at most.
+    fn stdout(
+        &self,
+        id: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<String, EngineError>> + Send;
+
     /// The last `tail` lines (all when `None`) of the container's stdout and stderr.
     fn logs(
         &self,

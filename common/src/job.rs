@@ -32,7 +32,40 @@ pub struct JobSpec {
     pub owner: Option<String>,
     #[serde(default)]
     pub checkpoint: CheckpointPolicy,
+    /// What the agent reads back from the container after it exits (pipeline steps).
+    #[serde(default, skip_serializing_if = "Capture::is_empty")]
+    pub capture: Capture,
 }
+
+/// Files and output a finished container leaves behind that its job reports as outputs:
+/// each file under its name, and standard output under [`STDOUT_OUTPUT`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Capture {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<CaptureFile>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdout: bool,
+}
+
+impl Capture {
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && !self.stdout
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureFile {
+    /// The output's name, e.g. an Argo output parameter.
+    pub name: String,
+    /// An absolute path in the container.
+    pub path: String,
+}
+
+/// The output key of a job's captured standard output. A `/` never appears in an output
+/// parameter's name, so it cannot clash with one.
+pub const STDOUT_OUTPUT: &str = "nightshift.io/stdout";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -134,6 +167,20 @@ impl JobSpec {
                 ));
             }
         }
+        for (i, f) in self.capture.files.iter().enumerate() {
+            if !f.path.starts_with('/') {
+                return Err(SpecError::new(
+                    format!("capture.files[{i}].path"),
+                    "must be an absolute path",
+                ));
+            }
+            if f.name.is_empty() || f.name.contains('/') {
+                return Err(SpecError::new(
+                    format!("capture.files[{i}].name"),
+                    "must be a non-empty name without '/'",
+                ));
+            }
+        }
         if !CHECKPOINT_SIGNALS.contains(&self.checkpoint.signal.as_str()) {
             return Err(SpecError::new(
                 "checkpoint.signal",
@@ -176,6 +223,7 @@ mod tests {
             priority: 0,
             owner: None,
             checkpoint: CheckpointPolicy::default(),
+            capture: Default::default(),
         }
     }
 

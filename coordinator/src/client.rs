@@ -361,6 +361,7 @@ pub(crate) mod fake {
             priority: 0,
             owner: None,
             checkpoint: CheckpointPolicy::default(),
+            capture: Default::default(),
         }
     }
 

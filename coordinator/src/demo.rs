@@ -314,6 +314,7 @@ fn trainer() -> JobSpec {
             signal: "SIGTERM".into(),
             grace_period_seconds: 20,
         },
+        capture: Default::default(),
     }
 }
 

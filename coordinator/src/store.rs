@@ -262,6 +262,7 @@ mod tests {
                 priority: 0,
                 owner: None,
                 checkpoint: CheckpointPolicy::default(),
+                capture: Default::default(),
             },
             state: JobState::Queued,
             attempt: 1,

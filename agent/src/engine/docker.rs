@@ -260,6 +260,30 @@ impl Engine for DockerEngine {
         })
     }
 
+    async fn stdout(&self, id: &str, limit: usize) -> Result<String, EngineError> {
+        let options = LogsOptionsBuilder::new()
+            .stdout(true)
+            .stderr(false)
+            .follow(false)
+            .tail("all")
+            .build();
+        let bytes = self
+            .docker
+            .logs(id, Some(options))
+            .try_fold(Vec::new(), |mut bytes, chunk| async move {
+                bytes.extend_from_slice(&chunk.into_bytes());
+                // Keep the end: drop what is beyond twice the limit as it comes.
+                if bytes.len() > 2 * limit {
+                    bytes.drain(..bytes.len() - limit);
+                }
+                Ok(bytes)
+            })
+            .await
+            .map_err(|err| engine_error(id, err))?;
+        let start = bytes.len().saturating_sub(limit);
+        Ok(String::from_utf8_lossy(&bytes[start..]).into_owned())
+    }
+
     async fn logs(&self, id: &str, tail: Option<usize>) -> Result<String, EngineError> {
         let tail = tail.map_or_else(|| "all".to_owned(), |lines| lines.to_string());
         let options = LogsOptionsBuilder::new()

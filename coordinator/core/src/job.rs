@@ -173,6 +173,7 @@ mod tests {
             priority: 0,
             owner: None,
             checkpoint: CheckpointPolicy::default(),
+            capture: Default::default(),
         };
         Job::new(1, spec, 0)
     }

@@ -25,6 +25,7 @@ pub fn spec(name: &str, gpus: u32) -> JobSpec {
         priority: 0,
         owner: None,
         checkpoint: CheckpointPolicy::default(),
+        capture: Default::default(),
     }
 }
 
