@@ -164,7 +164,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepResult {
     pub outcome: Outcome,
-    /// Files read from the container after it exited, by path.
+    /// Output parameters read from the container's files after it exited, by name.
     pub files: BTreeMap<String, String>,
     /// The container's standard output (bounded by the caller).
     pub stdout: Option<String>,

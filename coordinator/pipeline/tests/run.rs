@@ -244,7 +244,7 @@ fn output_parameters_flow_from_a_file_to_the_next_step() {
             .any(|(_, p)| p == "/tmp/hello_world.txt")
         {
             r.files
-                .insert("/tmp/hello_world.txt".into(), "hello world".into());
+                .insert("hello-param".into(), "hello world".into());
         }
         (1000, r)
     });
@@ -267,9 +267,9 @@ fn parameter_aggregation_loops_over_outputs_and_results() {
                 .and_then(|w| w.parse().ok())
                 .unwrap_or_else(|| panic!("{script}"));
             let mut r = ok("");
-            r.files.insert("/tmp/num".into(), format!("{n}\n"));
+            r.files.insert("num".into(), format!("{n}\n"));
             let parity = if n % 2 == 0 { "even" } else { "odd" };
-            r.files.insert("/tmp/even".into(), format!("{parity}\n"));
+            r.files.insert("evenness".into(), format!("{parity}\n"));
             (1000, r)
         } else if script.starts_with("echo $((") {
             // divide-by-2: `echo $((N/2))`
