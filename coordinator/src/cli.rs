@@ -61,10 +61,18 @@ pub enum OutputFormat {
 
 #[derive(Debug, PartialEq, Eq, Subcommand)]
 pub enum Command {
-    /// Submit a job file (YAML or JSON); `-` reads standard input.
+    /// Submit a job file (YAML or JSON) or an Argo Workflows file; `-` reads standard input.
     Submit {
         #[arg(value_name = "FILE")]
         file: PathBuf,
+        /// A workflow parameter, overriding its value in the file (workflows only).
+        #[arg(short = 'p', long = "parameter", value_name = "NAME=VALUE")]
+        parameters: Vec<String>,
+    },
+    /// Show a pipeline run as a tree of its steps.
+    Get {
+        #[arg(value_name = "RUN")]
+        run: u64,
     },
     /// List jobs.
     Jobs,
@@ -116,6 +124,9 @@ pub enum CliError {
         source: io::Error,
     },
 
+    #[error("-p {0}: parameters are NAME=VALUE, and only workflows take them")]
+    Parameter(String),
+
     #[error(transparent)]
     Client(#[from] ClientError),
 
@@ -140,6 +151,7 @@ impl CliError {
         match self {
             Self::ReadJobFile { .. }
             | Self::ReadWorkflowFile { .. }
+            | Self::Parameter(_)
             | Self::JobFile { .. }
             | Self::Client(ClientError::InvalidUrl { .. }) => 2,
             Self::Client(_) | Self::Demo(_) | Self::Output(_) => 1,
@@ -269,9 +281,27 @@ async fn execute(
     match &cli.command {
         Command::Demo => return crate::demo::run(json).await.map_err(CliError::Demo),
         Command::Lint { file } => return crate::lint::run(file, stdin, out, json),
-        Command::Submit { file } => {
+        Command::Submit { file, parameters } => {
+            let (shown, text) = read_text(file, stdin)?;
+            if crate::workflows::is_workflow(&text) {
+                return crate::workflows::submit(
+                    &cli.coordinator,
+                    &shown,
+                    &text,
+                    parameters,
+                    out,
+                    json,
+                )
+                .await;
+            }
+            if let Some(p) = parameters.first() {
+                return Err(CliError::Parameter(p.clone()));
+            }
             // Read and validate first: a bad file never costs a request.
-            let spec = read_job_file(file, stdin)?;
+            let spec = JobSpec::from_yaml(&text).map_err(|source| CliError::JobFile {
+                path: shown,
+                source,
+            })?;
             let job = Client::new(&cli.coordinator)?.submit(&spec).await?;
             print(out, json, &job, || {
                 format!(
@@ -280,6 +310,12 @@ async fn execute(
                     clean(&job.spec.name),
                     job.state.as_str()
                 )
+            })?;
+        }
+        Command::Get { run } => {
+            let view = Client::new(&cli.coordinator)?.pipeline(*run).await?;
+            print(out, json, &view, || {
+                crate::workflows::render_run(&view, now_ms())
             })?;
         }
         Command::Jobs => {
@@ -311,8 +347,8 @@ async fn execute(
     Ok(0)
 }
 
-/// Reads and validates a job file; `-` is standard input.
-fn read_job_file(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<JobSpec, CliError> {
+/// Reads a file to submit; `-` is standard input. Returns the name to show and the text.
+fn read_text(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<(String, String), CliError> {
     let (shown, text) = if path == Path::new("-") {
         let mut text = String::new();
         let read = stdin.read_to_string(&mut text);
@@ -324,13 +360,10 @@ fn read_job_file(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<JobSpec, 
         path: shown.clone(),
         source,
     })?;
-    JobSpec::from_yaml(&text).map_err(|source| CliError::JobFile {
-        path: shown,
-        source,
-    })
+    Ok((shown, text))
 }
 
-fn print<T: Serialize>(
+pub(crate) fn print<T: Serialize>(
     out: &mut (dyn Write + Send),
     json: bool,
     value: &T,
@@ -612,7 +645,7 @@ fn shell_words(words: &[String]) -> String {
 
 /// User-supplied text made safe for a terminal: control characters are escaped, so a job
 /// name cannot break a table or send escape sequences.
-fn clean(text: &str) -> String {
+pub(crate) fn clean(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c.is_control() {
@@ -679,7 +712,13 @@ mod tests {
             ("http://d", OutputFormat::Json)
         );
         let cli = parse(&["submit", "-"]).unwrap();
-        assert_eq!(cli.command, Command::Submit { file: "-".into() });
+        assert_eq!(
+            cli.command,
+            Command::Submit {
+                file: "-".into(),
+                parameters: vec![]
+            }
+        );
         assert_eq!(
             parse(&["cancel", "3"]).unwrap().command,
             Command::Cancel { id: 3 }

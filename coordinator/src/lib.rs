@@ -9,5 +9,7 @@ pub mod gateway;
 pub mod http;
 pub mod lint;
 pub mod loadgen;
+pub mod pipelines;
 pub mod server;
 pub mod store;
+pub mod workflows;

@@ -243,8 +243,7 @@ fn output_parameters_flow_from_a_file_to_the_next_step() {
             .iter()
             .any(|(_, p)| p == "/tmp/hello_world.txt")
         {
-            r.files
-                .insert("hello-param".into(), "hello world".into());
+            r.files.insert("hello-param".into(), "hello world".into());
         }
         (1000, r)
     });

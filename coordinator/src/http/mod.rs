@@ -4,6 +4,7 @@
 mod agents;
 mod jobs;
 mod nodes;
+mod pipelines;
 
 use std::sync::Arc;
 
@@ -26,6 +27,11 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route(
+            "/v1/pipelines",
+            post(pipelines::submit).get(pipelines::list),
+        )
+        .route("/v1/pipelines/{id}", get(pipelines::show))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/services/{name}/gateway", post(nodes::gateway))
         .route("/v1/agents/register", post(agents::register))
@@ -67,7 +73,7 @@ impl IntoResponse for HttpError {
 impl From<ApplyError> for HttpError {
     fn from(e: ApplyError) -> Self {
         let status = match &e {
-            ApplyError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApplyError::Store(_) | ApplyError::Pipelines(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApplyError::Core(c) => match c {
                 CoreError::InvalidSpec(_) | CoreError::UnknownService(_) => {
                     StatusCode::UNPROCESSABLE_ENTITY
@@ -80,7 +86,7 @@ impl From<ApplyError> for HttpError {
         };
         let field = match &e {
             ApplyError::Core(c) => c.field(),
-            ApplyError::Store(_) => None,
+            ApplyError::Store(_) | ApplyError::Pipelines(_) => None,
         };
         Self::new(status, e.to_string(), field)
     }

@@ -502,7 +502,12 @@ impl Run {
                 let mut missing = None;
                 for o in &t.outputs {
                     if let OutputSource::Path(p) = &o.source {
-                        match result.files.get(&o.name.text).cloned().or_else(|| o.default.clone()) {
+                        match result
+                            .files
+                            .get(&o.name.text)
+                            .cloned()
+                            .or_else(|| o.default.clone())
+                        {
                             Some(v) => {
                                 outputs.insert(
                                     o.name.text.clone(),
