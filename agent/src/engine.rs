@@ -28,6 +28,8 @@ pub struct ContainerSpec {
     pub publish: Option<PortPublish>,
     /// The signal `stop` sends first (the image's default when `None`).
     pub stop_signal: Option<String>,
+    /// Files placed in the container before it starts: absolute path, content.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 /// How a container is given its GPUs.

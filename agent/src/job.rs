@@ -117,6 +117,11 @@ pub fn container_spec(
         ],
         publish: None,
         stop_signal: Some(job.checkpoint.signal.clone()),
+        files: job
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), f.content.clone().into_bytes()))
+            .collect(),
     }
 }
 
@@ -207,6 +212,7 @@ mod tests {
                     grace_period_seconds: 7,
                 },
                 capture: Default::default(),
+                files: Vec::new(),
             },
         }
     }

@@ -609,3 +609,18 @@ async fn read_file_and_stdout_read_what_an_exited_container_left() -> Result<()>
     );
     t.cleanup().await
 }
+
+#[tokio::test]
+async fn files_are_placed_in_the_container_before_it_starts() -> Result<()> {
+    let t = Fixture::new("files").await?;
+    let mut spec = t.spec("c", "cat /tmp/message /deep/new/dir/f");
+    spec.files = vec![
+        ("/tmp/message".to_owned(), b"hello world\n".to_vec()),
+        ("/deep/new/dir/f".to_owned(), b"second\n".to_vec()),
+    ];
+    let id = t.engine.run(&spec).await?;
+    t.wait_for_state(&id, ContainerState::Exited { exit_code: 0 })
+        .await?;
+    assert_eq!(t.engine.stdout(&id, 1024).await?, "hello world\nsecond\n");
+    t.cleanup().await
+}

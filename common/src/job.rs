@@ -35,7 +35,21 @@ pub struct JobSpec {
     /// What the agent reads back from the container after it exits (pipeline steps).
     #[serde(default, skip_serializing_if = "Capture::is_empty")]
     pub capture: Capture,
+    /// Small files placed in the container before it starts (pipeline artifacts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<JobFile>,
 }
+
+/// A file given to a job's container at `path` (absolute).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    pub path: String,
+    pub content: String,
+}
+
+/// Largest total size of a job's `files`, in bytes.
+pub const MAX_JOB_FILES_BYTES: usize = 256 << 10;
 
 /// Files and output a finished container leaves behind that its job reports as outputs:
 /// each file under its name, and standard output under [`STDOUT_OUTPUT`].
@@ -167,6 +181,20 @@ impl JobSpec {
                 ));
             }
         }
+        for (i, f) in self.files.iter().enumerate() {
+            if !f.path.starts_with('/') || f.path.ends_with('/') {
+                return Err(SpecError::new(
+                    format!("files[{i}].path"),
+                    "must be an absolute file path",
+                ));
+            }
+        }
+        if self.files.iter().map(|f| f.content.len()).sum::<usize>() > MAX_JOB_FILES_BYTES {
+            return Err(SpecError::new(
+                "files",
+                format!("must hold at most {MAX_JOB_FILES_BYTES} bytes in all"),
+            ));
+        }
         for (i, f) in self.capture.files.iter().enumerate() {
             if !f.path.starts_with('/') {
                 return Err(SpecError::new(
@@ -224,6 +252,7 @@ mod tests {
             owner: None,
             checkpoint: CheckpointPolicy::default(),
             capture: Default::default(),
+            files: Vec::new(),
         }
     }
 

@@ -379,6 +379,7 @@ pub(crate) mod fake {
             owner: None,
             checkpoint: CheckpointPolicy::default(),
             capture: Default::default(),
+            files: Vec::new(),
         }
     }
 

@@ -315,6 +315,7 @@ fn trainer() -> JobSpec {
             grace_period_seconds: 20,
         },
         capture: Default::default(),
+        files: Vec::new(),
     }
 }
 

@@ -365,6 +365,7 @@ mod tests {
                 owner: None,
                 checkpoint: CheckpointPolicy::default(),
                 capture: Default::default(),
+                files: Vec::new(),
             },
             state: JobState::Queued,
             attempt: 1,

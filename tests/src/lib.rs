@@ -296,6 +296,7 @@ pub fn trainer_job(name: &str, gpus: u32, target: u64, rate: u64, every: u64) ->
             grace_period_seconds: 10,
         },
         capture: Default::default(),
+        files: Vec::new(),
     }
 }
 

@@ -18,7 +18,7 @@ use bollard::models::{
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
-    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures_util::TryStreamExt;
 
@@ -89,6 +89,33 @@ impl DockerEngine {
             tracing::warn!(container.name = %spec.name, %warning, "docker create warning");
         }
         Ok(created.id)
+    }
+
+    /// Copies `spec.files` into the created (not yet started) container, as one archive
+    /// extracted at `/`; missing parent directories are created.
+    async fn place_files(&self, spec: &ContainerSpec, id: &str) -> Result<(), EngineError> {
+        let mut archive = tar::Builder::new(Vec::new());
+        for (path, content) in &spec.files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(content.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            archive
+                .append_data(
+                    &mut header,
+                    path.trim_start_matches('/'),
+                    content.as_slice(),
+                )
+                .map_err(|e| EngineError::Other(format!("{}: file {path}: {e}", spec.name)))?;
+        }
+        let bytes = archive
+            .into_inner()
+            .map_err(|e| EngineError::Other(format!("{}: files: {e}", spec.name)))?;
+        let options = UploadToContainerOptionsBuilder::new().path("/").build();
+        self.docker
+            .upload_to_container(id, Some(options), bollard::body_full(bytes.into()))
+            .await
+            .map_err(|err| engine_error(&spec.name, err))
     }
 
     /// Starts a created container; removes it when it cannot start, so that a failed `run`
@@ -168,6 +195,14 @@ impl Engine for DockerEngine {
             self.remove(&existing.id).await?;
         }
         let id = self.create(spec).await?;
+        if !spec.files.is_empty()
+            && let Err(err) = self.place_files(spec, &id).await
+        {
+            if let Err(cleanup) = self.remove(&id).await {
+                tracing::warn!(container.id = %id, error = %cleanup, "cannot remove container whose files could not be placed");
+            }
+            return Err(err);
+        }
         self.start(spec, &id).await?;
         tracing::info!(container.name = %spec.name, container.id = %id, image = %spec.image, "container started");
         Ok(id)

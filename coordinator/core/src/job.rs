@@ -174,6 +174,7 @@ mod tests {
             owner: None,
             checkpoint: CheckpointPolicy::default(),
             capture: Default::default(),
+            files: Vec::new(),
         };
         Job::new(1, spec, 0)
     }

@@ -26,6 +26,7 @@ pub fn spec(name: &str, gpus: u32) -> JobSpec {
         owner: None,
         checkpoint: CheckpointPolicy::default(),
         capture: Default::default(),
+        files: Vec::new(),
     }
 }
 
