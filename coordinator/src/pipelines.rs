@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use nightshift_common::{
-    Capture, CaptureFile, CheckpointPolicy, EnvVar, JobSpec, JobState, JobView,
+    Capture, CaptureFile, CheckpointPolicy, EnvVar, JobFile, JobSpec, JobState, JobView,
     PipelineInputRecord, PipelineNodeView, PipelineRunRecord, PipelineRunView, STDOUT_OUTPUT,
     SpecError, UnixMillis,
 };
@@ -326,6 +326,7 @@ fn job_spec(name: &str, spec: &StepSpec) -> JobSpec {
             files: spec
                 .output_paths
                 .iter()
+                .chain(&spec.artifact_paths)
                 .map(|(name, path)| CaptureFile {
                     name: name.clone(),
                     path: path.clone(),
@@ -333,6 +334,14 @@ fn job_spec(name: &str, spec: &StepSpec) -> JobSpec {
                 .collect(),
             stdout: true,
         },
+        files: spec
+            .input_files
+            .iter()
+            .map(|(path, content)| JobFile {
+                path: path.clone(),
+                content: content.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -53,6 +53,8 @@ const RUNS: &[(&str, &str)] = &[
     ("output-parameter.yaml", "Succeeded"),
     ("parameter-aggregation-dag.yaml", "Succeeded"),
     ("exit-handler-dag-level.yaml", "Succeeded"),
+    ("artifact-passing.yaml", "Succeeded"),
+    ("nested-workflow.yaml", "Succeeded"),
     ("exit-handlers.yaml", "Failed"),
     ("dag-task-level-timeout.yaml", "Failed"),
     ("timeouts-step.yaml", "Failed"),
@@ -98,6 +100,16 @@ fn check_steps(file: &str, view: &PipelineRunView) {
             assert_eq!(phase(".C"), "Failed");
             assert_eq!(phase(".should-not-execute"), "Omitted");
             assert_eq!(phase(".should-execute-3"), "Succeeded");
+        }
+        "artifact-passing.yaml" => {
+            assert_eq!(phase(".consume-artifact"), "Succeeded");
+        }
+        "nested-workflow.yaml" => {
+            let nested = &node(view, ".nested-wf").outputs;
+            assert_eq!(
+                nested.get("nested-out-parameter").map(String::as_str),
+                Some("my-output-parameter")
+            );
         }
         "continue-on-fail.yaml" => {
             assert_eq!(phase(".C"), "Failed");

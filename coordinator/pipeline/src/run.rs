@@ -94,6 +94,8 @@ pub struct RunNode {
     /// The template's own `{{...}}` values: its inputs and the workflow's.
     pub scope: Scope,
     pub outputs: BTreeMap<String, String>,
+    /// Output artifacts: name → content.
+    pub artifacts: BTreeMap<String, String>,
     pub result: Option<String>,
     pub continue_on: ContinueOn,
     /// Retries used so far (preemptions are not retries).
@@ -131,7 +133,15 @@ pub struct StepSpec {
     pub extras: Extras,
     /// Output parameter name → the file to read from the container after it exits.
     pub output_paths: Vec<(String, String)>,
+    /// Output artifacts the same way, named [`ARTIFACT_PREFIX`]`NAME`.
+    pub artifact_paths: Vec<(String, String)>,
+    /// Input artifacts: the file to place in the container before it starts, its content.
+    pub input_files: Vec<(String, String)>,
 }
+
+/// Prefix of an output artifact among a step's captured files; `:` never appears in an
+/// Argo parameter name.
+pub const ARTIFACT_PREFIX: &str = "artifact:";
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {

@@ -472,3 +472,52 @@ fn a_late_result_of_a_cancelled_attempt_changes_nothing() {
     assert!(actions.is_empty());
     assert_eq!(sim.run, before);
 }
+
+#[test]
+fn artifacts_pass_a_file_from_one_step_to_the_next() {
+    let sim = Sim::new("artifact-passing.yaml", &[]).drive(|l| {
+        let mut r = ok("hello world");
+        for (name, _) in &l.spec.artifact_paths {
+            r.files.insert(name.clone(), "hello world\n".into());
+        }
+        (1000, r)
+    });
+    assert_eq!(sim.run.phase, Phase::Succeeded);
+    assert_eq!(
+        sim.launched[0].spec.artifact_paths,
+        [(
+            "artifact:hello-art".to_owned(),
+            "/tmp/hello_world.txt".to_owned()
+        )]
+    );
+    assert_eq!(
+        sim.launched[1].spec.input_files,
+        [("/tmp/message".to_owned(), "hello world\n".to_owned())]
+    );
+    // Through a nested steps template and back out of it.
+    let sim = Sim::new("nested-workflow.yaml", &[]).drive(|l| {
+        let mut r = ok("");
+        for (name, _) in &l.spec.artifact_paths {
+            r.files.insert(name.clone(), "hello world\n".into());
+        }
+        for (name, _) in &l.spec.output_paths {
+            r.files.insert(name.clone(), "my-output-parameter\n".into());
+        }
+        (1000, r)
+    });
+    assert_eq!(sim.run.phase, Phase::Succeeded, "{:#?}", sim.run.nodes);
+    let last = sim.launched.last().unwrap();
+    assert_eq!(
+        last.spec.input_files,
+        [("/tmp/art".to_owned(), "hello world\n".to_owned())]
+    );
+    assert!(
+        last.spec.args[0].contains("input parameter value: my-output-parameter"),
+        "{:?}",
+        last.spec.args
+    );
+    // A missing artifact file fails the step that should have written it.
+    let sim = Sim::new("artifact-passing.yaml", &[]).drive(|_| (1000, ok("")));
+    assert_eq!(sim.run.phase, Phase::Failed);
+    assert_eq!(sim.launched.len(), 1);
+}

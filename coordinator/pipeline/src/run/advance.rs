@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use nightshift_common::UnixMillis;
 
 use super::{
-    Action, Kind, NodeId, Outcome, Phase, Run, RunNode, StepResult, StepSpec, bounded, fmt_ms,
-    retry_after,
+    ARTIFACT_PREFIX, Action, Kind, NodeId, Outcome, Phase, Run, RunNode, StepResult, StepSpec,
+    bounded, fmt_ms, retry_after,
 };
 use crate::depends::{Depends, TaskResult};
 use crate::scope::Scope;
@@ -92,6 +92,23 @@ impl Run {
                     .filter_map(|o| match &o.source {
                         OutputSource::Path(p) => Some((o.name.text.clone(), p.clone())),
                         OutputSource::Parameter(_) => None,
+                    })
+                    .collect(),
+                artifact_paths: t
+                    .output_artifacts
+                    .iter()
+                    .filter_map(|a| {
+                        let path = a.path.clone()?;
+                        Some((format!("{ARTIFACT_PREFIX}{}", a.name.text), path))
+                    })
+                    .collect(),
+                input_files: t
+                    .input_artifacts
+                    .iter()
+                    .filter_map(|a| {
+                        let path = a.path.clone()?;
+                        let key = format!("inputs.artifacts.{}", a.name.text);
+                        Some((path, scope.get(&key)?.to_owned()))
                     })
                     .collect(),
             })
@@ -196,6 +213,9 @@ impl Run {
             }
             for (k, v) in &n.outputs {
                 scope.set(format!("{prefix}.outputs.parameters.{k}"), v.clone());
+            }
+            for (k, v) in &n.artifacts {
+                scope.set(format!("{prefix}.outputs.artifacts.{k}"), v.clone());
             }
             if matches!(n.kind, Kind::Loop) {
                 let children: Vec<&RunNode> = n.children.iter().map(|&i| &self.nodes[i]).collect();
@@ -475,8 +495,29 @@ impl Run {
                 }
             }
         }
+        let mut artifacts = BTreeMap::new();
+        if phase == Phase::Succeeded
+            && let Some(t) = self.wf.template(&self.nodes[id].template)
+        {
+            for a in &t.output_artifacts {
+                let Some(from) = &a.from else { continue };
+                match scope.fill(&from.text) {
+                    Ok(v) => {
+                        artifacts.insert(a.name.text.clone(), v);
+                    }
+                    Err(e) => {
+                        phase = Phase::Failed;
+                        message = Some(format!(
+                            "artifact {}: {{{{{e}}}}} has no value",
+                            a.name.text
+                        ));
+                    }
+                }
+            }
+        }
         let node = &mut self.nodes[id];
         node.outputs = outputs;
+        node.artifacts = artifacts;
         node.phase = phase;
         node.message = message;
         node.finished_at = Some(now);
@@ -519,6 +560,18 @@ impl Run {
                     }
                 }
                 node.outputs = outputs;
+                for a in &t.output_artifacts {
+                    let Some(path) = &a.path else { continue };
+                    match result
+                        .files
+                        .get(&format!("{ARTIFACT_PREFIX}{}", a.name.text))
+                    {
+                        Some(v) => {
+                            node.artifacts.insert(a.name.text.clone(), v.clone());
+                        }
+                        None => missing = Some((format!("artifact {}", a.name.text), path.clone())),
+                    }
+                }
                 match missing {
                     None => (Phase::Succeeded, None),
                     Some((name, path)) => (

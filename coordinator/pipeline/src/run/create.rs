@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use nightshift_common::UnixMillis;
 
-use super::{Kind, NodeId, Phase, Run, RunNode};
+use super::{ARTIFACT_PREFIX, Kind, NodeId, Phase, Run, RunNode};
 use crate::duration;
 use crate::scope::{Scope, json_text};
 use crate::when;
@@ -38,6 +38,7 @@ impl Run {
             children: Vec::new(),
             scope: Scope::default(),
             outputs: BTreeMap::new(),
+            artifacts: BTreeMap::new(),
             result: None,
             continue_on,
             retries: 0,
@@ -71,7 +72,13 @@ impl Run {
                 .or_else(|| input.default.as_ref().map(|v| v.text.clone()));
             match value {
                 Some(v) => scope.set(format!("inputs.parameters.{}", input.name.text), v),
-                None => missing = Some(input.name.text.clone()),
+                None => missing = Some(format!("parameter {}", input.name.text)),
+            }
+        }
+        for a in &t.input_artifacts {
+            match args.get(&format!("{ARTIFACT_PREFIX}{}", a.name.text)) {
+                Some(v) => scope.set(format!("inputs.artifacts.{}", a.name.text), v.clone()),
+                None => missing = Some(format!("artifact {}", a.name.text)),
             }
         }
         node.kind = match &t.body {
@@ -86,7 +93,7 @@ impl Run {
         };
         if let Some(m) = missing {
             node.phase = Phase::Errored;
-            node.message = Some(format!("input parameter {m} has no value"));
+            node.message = Some(format!("input {m} has no value"));
             node.finished_at = Some(now);
         } else {
             let timeout = t.timeout.as_ref().map(|l| scope.fill(&l.text));
@@ -154,6 +161,7 @@ impl Run {
             children: Vec::new(),
             scope: Scope::default(),
             outputs: BTreeMap::new(),
+            artifacts: BTreeMap::new(),
             result: None,
             continue_on: step.continue_on,
             retries: 0,
@@ -237,6 +245,7 @@ impl Run {
             children: Vec::new(),
             scope: Scope::default(),
             outputs: BTreeMap::new(),
+            artifacts: BTreeMap::new(),
             result: None,
             continue_on: s.continue_on,
             retries: 0,
@@ -289,6 +298,24 @@ impl Run {
                 Err(e) => {
                     let message = Some(format!(
                         "argument {}: {{{{{e}}}}} is not known here",
+                        a.name.text
+                    ));
+                    return self.create_final(now, parent, name, s, Phase::Errored, message);
+                }
+            }
+        }
+        for a in &s.artifacts {
+            let from = a
+                .from
+                .as_ref()
+                .map_or(Ok(String::new()), |f| scope.fill(&f.text));
+            match from {
+                Ok(content) => {
+                    args.insert(format!("{ARTIFACT_PREFIX}{}", a.name.text), content);
+                }
+                Err(e) => {
+                    let message = Some(format!(
+                        "artifact {}: {{{{{e}}}}} is not known here",
                         a.name.text
                     ));
                     return self.create_final(now, parent, name, s, Phase::Errored, message);
