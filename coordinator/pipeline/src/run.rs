@@ -151,7 +151,7 @@ pub enum Action {
         node: NodeId,
         retry: u32,
         name: String,
-        spec: StepSpec,
+        spec: Box<StepSpec>,
     },
     /// Stop the job of `node` (timeout, workflow deadline): its result will be ignored.
     Cancel { node: NodeId, reason: String },

@@ -88,7 +88,7 @@ impl Sim {
                         at: self.now,
                         name,
                         retry,
-                        spec,
+                        spec: *spec,
                     };
                     let (took, result) = exec(&l);
                     self.launched.push(l);

@@ -115,6 +115,7 @@ impl Run {
         })();
         match resolved {
             Ok(spec) => {
+                let spec = Box::new(spec);
                 let node = &mut self.nodes[id];
                 node.launched = true;
                 node.retry_at = None;
