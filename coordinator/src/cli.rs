@@ -74,6 +74,11 @@ pub enum Command {
         #[arg(value_name = "RUN")]
         run: u64,
     },
+    /// Run a pipeline again from the file text and parameters it was started with.
+    Rerun {
+        #[arg(value_name = "RUN")]
+        run: u64,
+    },
     /// List jobs.
     Jobs,
     /// Inspect one job.
@@ -316,6 +321,16 @@ async fn execute(
             let view = Client::new(&cli.coordinator)?.pipeline(*run).await?;
             print(out, json, &view, || {
                 crate::workflows::render_run(&view, now_ms())
+            })?;
+        }
+        Command::Rerun { run } => {
+            let view = Client::new(&cli.coordinator)?.rerun_pipeline(*run).await?;
+            print(out, json, &view, || {
+                format!(
+                    "started pipeline run {} ({}) as a rerun of {run}\n",
+                    view.id,
+                    clean(&view.name)
+                )
             })?;
         }
         Command::Jobs => {

@@ -243,6 +243,15 @@ impl Client {
             .await
     }
 
+    /// `POST /v1/pipelines/{id}/rerun`: a new run of what run `id` ran.
+    pub async fn rerun_pipeline(
+        &self,
+        id: u64,
+    ) -> Result<nightshift_common::PipelineRunView, ClientError> {
+        self.call::<(), _>(Method::POST, &format!("v1/pipelines/{id}/rerun"), None)
+            .await
+    }
+
     /// `GET /v1/nodes`.
     pub async fn nodes(&self) -> Result<NodeList, ClientError> {
         self.call::<(), _>(Method::GET, "v1/nodes", None).await

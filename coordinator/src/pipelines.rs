@@ -138,6 +138,23 @@ impl Pipelines {
         Ok(id)
     }
 
+    /// Starts a new run from what run `id` was started from: the same file text and
+    /// parameters, so every step resolves to the same spec given the same upstream outputs.
+    pub fn rerun(
+        &mut self,
+        core: &mut Core,
+        now: UnixMillis,
+        id: u64,
+    ) -> Option<Result<u64, CoreError>> {
+        let record = self.runs.get(&id)?.record.clone();
+        Some(self.submit(core, now, &record.file, &record.text, record.parameters))
+    }
+
+    /// Whether run `id` exists.
+    pub fn contains(&self, id: u64) -> bool {
+        self.runs.contains_key(&id)
+    }
+
     /// Feeds every run the jobs that ended and the time, and acts on what it decides.
     pub fn drive(&mut self, core: &mut Core, now: UnixMillis) {
         for (id, a) in &mut self.runs {

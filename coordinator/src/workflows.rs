@@ -104,3 +104,60 @@ pub fn render_run(run: &PipelineRunView, now: UnixMillis) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: usize, parent: Option<usize>, name: &str, phase: &str) -> PipelineNodeView {
+        PipelineNodeView {
+            id,
+            parent,
+            name: name.into(),
+            template: "t".into(),
+            phase: phase.into(),
+            message: None,
+            retries: 0,
+            jobs: vec![],
+            attempt: None,
+            preemptions: 0,
+            started_at: Some(1_000),
+            finished_at: Some(4_000),
+            outputs: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_run_renders_as_an_indented_tree() {
+        let mut b = node(2, Some(0), "d.B", "Failed");
+        b.jobs = vec![7, 9];
+        b.retries = 1;
+        b.preemptions = 1;
+        b.message = Some("exited with code 1".into());
+        let run = PipelineRunView {
+            id: 3,
+            name: "d".into(),
+            file: "d.yaml".into(),
+            phase: "Failed".into(),
+            parameters: BTreeMap::new(),
+            started_at: 0,
+            finished_at: Some(65_000),
+            nodes: vec![
+                node(0, None, "d", "Failed"),
+                node(1, Some(0), "d.A", "Succeeded"),
+                b,
+            ],
+        };
+        assert_eq!(
+            render_run(&run, 99_000),
+            "run 3 (d) Failed after 65s\n\
+             d Failed 3s\n\
+             \x20 A Succeeded 3s\n\
+             \x20 B Failed 3s job 7,9 retries 1 preempted 1: exited with code 1\n"
+        );
+        assert!(is_workflow(
+            "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\n"
+        ));
+        assert!(!is_workflow("name: a\nimage: b\ngpus: 1\n"));
+    }
+}

@@ -131,4 +131,25 @@ async fn a_run_queues_its_first_step_and_survives_a_restart_without_resubmitting
     );
     let list: nightshift_common::PipelineRunList = s.get("/v1/pipelines").await;
     assert_eq!(list.runs.len(), 1);
+
+    // A rerun starts a new run from the same text and parameters: the same resolved step.
+    let resp = s
+        .http
+        .post(format!("{}/v1/pipelines/{}/rerun", s.url, run.id))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let rerun: PipelineRunView = resp.json().await.unwrap();
+    assert_eq!((rerun.id, &rerun.parameters), (run.id + 1, &run.parameters));
+    let jobs: JobList = s.get("/v1/jobs").await;
+    assert_eq!(jobs.jobs.len(), 2);
+    assert_eq!(jobs.jobs[1].spec, jobs.jobs[0].spec);
+    let resp = s
+        .http
+        .post(format!("{}/v1/pipelines/99/rerun", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
 }

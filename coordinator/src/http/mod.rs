@@ -32,6 +32,7 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
             post(pipelines::submit).get(pipelines::list),
         )
         .route("/v1/pipelines/{id}", get(pipelines::show))
+        .route("/v1/pipelines/{id}/rerun", post(pipelines::rerun))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/services/{name}/gateway", post(nodes::gateway))
         .route("/v1/agents/register", post(agents::register))

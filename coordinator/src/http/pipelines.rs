@@ -50,3 +50,30 @@ pub async fn show(
             )
         })
 }
+
+/// Starts a new run of what run `id` ran: the same file text and parameters.
+pub async fn rerun(
+    State(cluster): State<Arc<Cluster>>,
+    Path(id): Path<u64>,
+) -> Result<(StatusCode, Json<PipelineRunView>), HttpError> {
+    let not_found = || {
+        HttpError::new(
+            StatusCode::NOT_FOUND,
+            format!("pipeline run {id} not found"),
+            None,
+        )
+    };
+    if !cluster.read_pipelines(|_, p| p.contains(id)) {
+        return Err(not_found());
+    }
+    let new = cluster.apply_with_pipelines(|core, pipelines, now| {
+        pipelines
+            .rerun(core, now, id)
+            .unwrap_or_else(|| Err(nightshift_common::SpecError::new("run", "not found").into()))
+    })?;
+    let view = cluster
+        .read_pipelines(|core, p| p.view(core, new))
+        .ok_or_else(not_found)?;
+    tracing::info!(pipeline.id = view.id, rerun.of = id, "pipeline rerun");
+    Ok((StatusCode::CREATED, Json(view)))
+}
