@@ -28,6 +28,8 @@ pub struct ContainerSpec {
     pub publish: Option<PortPublish>,
     /// The signal `stop` sends first (the image's default when `None`).
     pub stop_signal: Option<String>,
+    /// Files placed in the container before it starts: absolute path, content.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 /// How a container is given its GPUs.
@@ -79,6 +81,12 @@ pub enum EngineError {
     NotFound(String),
     #[error("image {0} not found on this host (nothing is pulled; build or load it first)")]
     ImageMissing(String),
+    #[error("{path} in container {container} is larger than {limit} bytes")]
+    FileTooLarge {
+        container: String,
+        path: String,
+        limit: u64,
+    },
     #[error("container engine: {0}")]
     Other(String),
 }
@@ -120,6 +128,23 @@ pub trait Engine: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), EngineError>> + Send;
 
     fn remove(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+
+    /// The content of the regular file `path` in the container's file system, running or
+    /// exited (not yet removed): `None` when there is no such file, `FileTooLarge` above
+    /// `limit` bytes. This is how a step's output parameters are read after it exits.
+    fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        limit: u64,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, EngineError>> + Send;
+
+    /// The container's standard output alone, its last `limit` bytes at most.
+    fn stdout(
+        &self,
+        id: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<String, EngineError>> + Send;
 
     /// The last `tail` lines (all when `None`) of the container's stdout and stderr.
     fn logs(

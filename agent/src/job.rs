@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use nightshift_common::labels::{self, env};
 use nightshift_common::{LeaseGrant, labels::CHECKPOINT_MOUNT, labels::OUTPUT_MOUNT};
 
-use crate::engine::{ContainerSpec, GpuAccess, PortPublish};
+use nightshift_common::{Capture, STDOUT_OUTPUT};
+
+use crate::engine::{ContainerSpec, Engine, GpuAccess, PortPublish};
 
 /// Output parameter files read back after a job ends: at most this many ...
 const MAX_OUTPUTS: usize = 32;
@@ -149,7 +151,46 @@ pub fn container_spec(
         ],
         publish,
         stop_signal: Some(job.checkpoint.signal.clone()),
+        files: job
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), f.content.clone().into_bytes()))
+            .collect(),
     }
+}
+
+/// Longest standard output kept as a job's `nightshift.io/stdout` output.
+pub const MAX_STDOUT_BYTES: usize = 256 << 10;
+
+/// What `capture` asks for, read from the exited container `id`: each file under its name
+/// (a missing or unreadable file is left out, so that a default can apply), and standard
+/// output under [`STDOUT_OUTPUT`].
+pub async fn capture<E: Engine>(
+    engine: &E,
+    id: &str,
+    capture: &Capture,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for f in &capture.files {
+        match engine.read_file(id, &f.path, MAX_OUTPUT_BYTES).await {
+            Ok(Some(bytes)) => {
+                out.insert(f.name.clone(), String::from_utf8_lossy(&bytes).into_owned());
+            }
+            Ok(None) => tracing::info!(container = %id, path = %f.path, "output file not found"),
+            Err(e) => {
+                tracing::warn!(container = %id, path = %f.path, error = %e, "output file not read")
+            }
+        }
+    }
+    if capture.stdout {
+        match engine.stdout(id, MAX_STDOUT_BYTES).await {
+            Ok(text) => {
+                out.insert(STDOUT_OUTPUT.to_owned(), text);
+            }
+            Err(e) => tracing::warn!(container = %id, error = %e, "standard output not read"),
+        }
+    }
+    out
 }
 
 /// The output parameters a job wrote: one file per parameter, its content the value.
@@ -206,6 +247,8 @@ mod tests {
                     grace_period_seconds: 7,
                 },
                 retry: Default::default(),
+                capture: Default::default(),
+                files: Vec::new(),
             },
             rendezvous: None,
         }

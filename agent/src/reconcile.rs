@@ -117,6 +117,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             return Ok(());
         };
         let leases = self.honoured(&desired.leases);
+        self.capture(&containers, &leases).await;
         self.publish_runs(&containers, &leases);
 
         // Jobs whose lease is gone are stopped first: their GPUs go back before anything else.
@@ -141,6 +142,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         }
         // Report what ended before forgetting it: a removed container's exit is still told.
         let containers = self.managed().await?;
+        self.capture(&containers, &leases).await;
         self.publish_runs(&containers, &leases);
         self.remove_finished(&containers, &leases).await;
         self.shared.update(|o| o.applied_version = desired.version);
@@ -444,6 +446,27 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 exit_code,
                 stopped_by_agent: self.stopped.contains(&c.id),
             },
+        }
+    }
+
+    /// Reads, once per exited container, the outputs its job captures (files from the
+    /// container's file system, standard output) together with its output directory.
+    async fn capture(&mut self, containers: &[Container], leases: &[LeaseGrant]) {
+        for lease in leases {
+            let Some(c) = jobs(containers).find(|c| lease_of(c) == Some(lease.lease_id)) else {
+                continue;
+            };
+            let capture = &lease.job.capture;
+            if capture.is_empty()
+                || !matches!(c.state, ContainerState::Exited { .. })
+                || self.outputs.contains_key(&c.id)
+            {
+                continue;
+            }
+            let mut outputs =
+                job::read_outputs(&JobDirs::new(&self.cfg.work_dir, lease.job_id).outputs);
+            outputs.extend(job::capture(self.engine.as_ref(), &c.id, capture).await);
+            self.outputs.insert(c.id.clone(), outputs);
         }
     }
 

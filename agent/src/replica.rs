@@ -34,6 +34,7 @@ pub fn container_spec(cfg: &AgentConfig, node: &str, gpus: GpuAccess) -> Contain
             host_ip: r.host_ip.clone(),
             host_port: r.host_port,
         }),
+        files: Vec::new(),
         stop_signal: Some("SIGTERM".to_owned()),
     }
 }

@@ -546,3 +546,81 @@ impl Tar {
         self.bytes.resize(len, 0);
     }
 }
+
+#[tokio::test]
+async fn read_file_and_stdout_read_what_an_exited_container_left() -> Result<()> {
+    let t = Fixture::new("readfile").await?;
+    let spec = t.spec(
+        "c",
+        "printf 'hello world' > /tmp/out.txt; head -c 2048 /dev/zero > /tmp/big; mkdir /tmp/d; \
+         echo to-stderr >&2; echo 0123456789",
+    );
+    let id = t.engine.run(&spec).await?;
+    t.wait_for_state(&id, ContainerState::Exited { exit_code: 0 })
+        .await?;
+    assert_eq!(t.engine.stdout(&id, 1024).await?, "0123456789\n");
+    assert_eq!(t.engine.stdout(&id, 4).await?, "789\n");
+    let read = t.engine.read_file(&id, "/tmp/out.txt", 1024).await?;
+    assert_eq!(read.as_deref(), Some(&b"hello world"[..]));
+    assert_eq!(t.engine.read_file(&id, "/tmp/missing", 1024).await?, None);
+    assert_eq!(t.engine.read_file(&id, "/tmp/d", 1024).await?, None);
+    let err = t.engine.read_file(&id, "/tmp/big", 1024).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            nightshift_agent::engine::EngineError::FileTooLarge { limit: 1024, .. }
+        ),
+        "{err}"
+    );
+    let capture = nightshift_common::Capture {
+        files: vec![
+            nightshift_common::CaptureFile {
+                name: "hello".into(),
+                path: "/tmp/out.txt".into(),
+            },
+            nightshift_common::CaptureFile {
+                name: "none".into(),
+                path: "/tmp/missing".into(),
+            },
+        ],
+        stdout: true,
+    };
+    let outputs = nightshift_agent::job::capture(&t.engine, &id, &capture).await;
+    assert_eq!(
+        outputs,
+        BTreeMap::from([
+            ("hello".to_owned(), "hello world".to_owned()),
+            (
+                nightshift_common::STDOUT_OUTPUT.to_owned(),
+                "0123456789\n".to_owned()
+            ),
+        ])
+    );
+    let gone = t
+        .engine
+        .read_file("nightshift-no-such-container", "/tmp/x", 1)
+        .await;
+    assert!(
+        matches!(
+            gone,
+            Err(nightshift_agent::engine::EngineError::NotFound(_))
+        ),
+        "{gone:?}"
+    );
+    t.cleanup().await
+}
+
+#[tokio::test]
+async fn files_are_placed_in_the_container_before_it_starts() -> Result<()> {
+    let t = Fixture::new("files").await?;
+    let mut spec = t.spec("c", "cat /tmp/message /deep/new/dir/f");
+    spec.files = vec![
+        ("/tmp/message".to_owned(), b"hello world\n".to_vec()),
+        ("/deep/new/dir/f".to_owned(), b"second\n".to_vec()),
+    ];
+    let id = t.engine.run(&spec).await?;
+    t.wait_for_state(&id, ContainerState::Exited { exit_code: 0 })
+        .await?;
+    assert_eq!(t.engine.stdout(&id, 1024).await?, "hello world\nsecond\n");
+    t.cleanup().await
+}

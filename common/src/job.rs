@@ -39,6 +39,12 @@ pub struct JobSpec {
     /// How often a failed job is run again. Preemptions never count against it.
     #[serde(default, skip_serializing_if = "RetryPolicy::is_default")]
     pub retry: RetryPolicy,
+    /// What the agent reads back from the container after it exits (pipeline steps).
+    #[serde(default, skip_serializing_if = "Capture::is_empty")]
+    pub capture: Capture,
+    /// Small files placed in the container before it starts (pipeline artifacts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<JobFile>,
 }
 
 fn one() -> u32 {
@@ -107,6 +113,47 @@ impl RetryPolicy {
 pub const MAX_NODES: u32 = 256;
 /// Most retries a job may ask for.
 pub const MAX_RETRIES: u32 = 100;
+
+/// A file given to a job's container at `path` (absolute).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    pub path: String,
+    pub content: String,
+}
+
+/// Largest total size of a job's `files`, in bytes.
+pub const MAX_JOB_FILES_BYTES: usize = 256 << 10;
+
+/// Files and output a finished container leaves behind that its job reports as outputs:
+/// each file under its name, and standard output under [`STDOUT_OUTPUT`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Capture {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<CaptureFile>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdout: bool,
+}
+
+impl Capture {
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && !self.stdout
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureFile {
+    /// The output's name, e.g. an Argo output parameter.
+    pub name: String,
+    /// An absolute path in the container.
+    pub path: String,
+}
+
+/// The output key of a job's captured standard output. A `/` never appears in an output
+/// parameter's name, so it cannot clash with one.
+pub const STDOUT_OUTPUT: &str = "nightshift.io/stdout";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +232,8 @@ impl JobSpec {
             owner: None,
             checkpoint: CheckpointPolicy::default(),
             retry: RetryPolicy::default(),
+            capture: Capture::default(),
+            files: Vec::new(),
         }
     }
 
@@ -240,6 +289,34 @@ impl JobSpec {
                 ));
             }
         }
+        for (i, f) in self.files.iter().enumerate() {
+            if !f.path.starts_with('/') || f.path.ends_with('/') {
+                return Err(SpecError::new(
+                    format!("files[{i}].path"),
+                    "must be an absolute file path",
+                ));
+            }
+        }
+        if self.files.iter().map(|f| f.content.len()).sum::<usize>() > MAX_JOB_FILES_BYTES {
+            return Err(SpecError::new(
+                "files",
+                format!("must hold at most {MAX_JOB_FILES_BYTES} bytes in all"),
+            ));
+        }
+        for (i, f) in self.capture.files.iter().enumerate() {
+            if !f.path.starts_with('/') {
+                return Err(SpecError::new(
+                    format!("capture.files[{i}].path"),
+                    "must be an absolute path",
+                ));
+            }
+            if f.name.is_empty() || f.name.contains('/') {
+                return Err(SpecError::new(
+                    format!("capture.files[{i}].name"),
+                    "must be a non-empty name without '/'",
+                ));
+            }
+        }
         if !CHECKPOINT_SIGNALS.contains(&self.checkpoint.signal.as_str()) {
             return Err(SpecError::new(
                 "checkpoint.signal",
@@ -284,6 +361,8 @@ mod tests {
             owner: None,
             checkpoint: CheckpointPolicy::default(),
             retry: RetryPolicy::default(),
+            capture: Default::default(),
+            files: Vec::new(),
         }
     }
 

@@ -8,10 +8,12 @@ pub mod agent;
 pub mod api;
 pub mod job;
 pub mod labels;
+pub mod pipeline;
 
 pub use agent::*;
 pub use api::*;
 pub use job::*;
+pub use pipeline::*;
 
 /// Milliseconds since the Unix epoch. The coordinator's core takes time only as this value,
 /// passed in by its caller.

@@ -93,10 +93,23 @@ pub enum OutputFormat {
 
 #[derive(Debug, PartialEq, Eq, Subcommand)]
 pub enum Command {
-    /// Submit a job file (YAML or JSON); `-` reads standard input.
+    /// Submit a job file (YAML or JSON) or an Argo Workflows file; `-` reads standard input.
     Submit {
         #[arg(value_name = "FILE")]
         file: PathBuf,
+        /// A workflow parameter, overriding its value in the file (workflows only).
+        #[arg(short = 'p', long = "parameter", value_name = "NAME=VALUE")]
+        parameters: Vec<String>,
+    },
+    /// Show a pipeline run as a tree of its steps.
+    Get {
+        #[arg(value_name = "RUN")]
+        run: u64,
+    },
+    /// Run a pipeline again from the file text and parameters it was started with.
+    Rerun {
+        #[arg(value_name = "RUN")]
+        run: u64,
     },
     /// List jobs.
     Jobs,
@@ -135,6 +148,11 @@ pub enum Command {
     Demo,
     /// Simulate a fleet on a traffic trace and compare lending policies.
     Simulate(crate::simulate::SimulateArgs),
+    /// Check an Argo Workflows file offline; exits 2 when it cannot run, naming each line.
+    Lint {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq, Subcommand)]
@@ -159,6 +177,16 @@ pub enum CliError {
         #[source]
         source: SpecError,
     },
+
+    #[error("cannot read workflow file {path}: {source}")]
+    ReadWorkflowFile {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("-p {0}: parameters are NAME=VALUE, and only workflows take them")]
+    Parameter(String),
 
     #[error(transparent)]
     Client(#[from] ClientError),
@@ -189,6 +217,8 @@ impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             Self::ReadJobFile { .. }
+            | Self::ReadWorkflowFile { .. }
+            | Self::Parameter(_)
             | Self::JobFile { .. }
             | Self::Usage(_)
             | Self::Simulate(_)
@@ -323,9 +353,28 @@ async fn execute(
             let report = crate::simulate::run(args)?;
             print(out, json, &report, || report.to_table())?;
         }
-        Command::Submit { file } => {
+        Command::Lint { file } => return crate::lint::run(file, stdin, out, json),
+        Command::Submit { file, parameters } => {
+            let (shown, text) = read_text(file, stdin)?;
+            if crate::workflows::is_workflow(&text) {
+                return crate::workflows::submit(
+                    &cli.coordinator,
+                    &shown,
+                    &text,
+                    parameters,
+                    out,
+                    json,
+                )
+                .await;
+            }
+            if let Some(p) = parameters.first() {
+                return Err(CliError::Parameter(p.clone()));
+            }
             // Read and validate first: a bad file never costs a request.
-            let spec = read_job_file(file, stdin)?;
+            let spec = JobSpec::from_yaml(&text).map_err(|source| CliError::JobFile {
+                path: shown,
+                source,
+            })?;
             let job = client(cli)?.submit(&spec).await?;
             print(out, json, &job, || {
                 format!(
@@ -333,6 +382,22 @@ async fn execute(
                     job.id,
                     clean(&job.spec.name),
                     job.state.as_str()
+                )
+            })?;
+        }
+        Command::Get { run } => {
+            let view = Client::new(&cli.coordinator)?.pipeline(*run).await?;
+            print(out, json, &view, || {
+                crate::workflows::render_run(&view, now_ms())
+            })?;
+        }
+        Command::Rerun { run } => {
+            let view = Client::new(&cli.coordinator)?.rerun_pipeline(*run).await?;
+            print(out, json, &view, || {
+                format!(
+                    "started pipeline run {} ({}) as a rerun of {run}\n",
+                    view.id,
+                    clean(&view.name)
                 )
             })?;
         }
@@ -439,8 +504,8 @@ pub fn render_report(r: &nightshift_common::Report) -> String {
     text
 }
 
-/// Reads and validates a job file; `-` is standard input.
-fn read_job_file(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<JobSpec, CliError> {
+/// Reads a file to submit; `-` is standard input. Returns the name to show and the text.
+fn read_text(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<(String, String), CliError> {
     let (shown, text) = if path == Path::new("-") {
         let mut text = String::new();
         let read = stdin.read_to_string(&mut text);
@@ -452,13 +517,10 @@ fn read_job_file(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<JobSpec, 
         path: shown.clone(),
         source,
     })?;
-    JobSpec::from_yaml(&text).map_err(|source| CliError::JobFile {
-        path: shown,
-        source,
-    })
+    Ok((shown, text))
 }
 
-fn print<T: Serialize>(
+pub(crate) fn print<T: Serialize>(
     out: &mut (dyn Write + Send),
     json: bool,
     value: &T,
@@ -767,7 +829,7 @@ fn shell_words(words: &[String]) -> String {
 
 /// User-supplied text made safe for a terminal: control characters are escaped, so a job
 /// name cannot break a table or send escape sequences.
-fn clean(text: &str) -> String {
+pub(crate) fn clean(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c.is_control() {
@@ -834,7 +896,13 @@ mod tests {
             ("http://d", OutputFormat::Json)
         );
         let cli = parse(&["submit", "-"]).unwrap();
-        assert_eq!(cli.command, Command::Submit { file: "-".into() });
+        assert_eq!(
+            cli.command,
+            Command::Submit {
+                file: "-".into(),
+                parameters: vec![]
+            }
+        );
         assert_eq!(
             parse(&["cancel", "3"]).unwrap().command,
             Command::Cancel { id: 3 }

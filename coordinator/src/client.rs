@@ -285,6 +285,32 @@ impl Client {
         Ok(())
     }
 
+    /// `POST /v1/pipelines`: starts a pipeline run of a workflow file.
+    pub async fn submit_pipeline(
+        &self,
+        req: &nightshift_common::PipelineSubmit,
+    ) -> Result<nightshift_common::PipelineRunView, ClientError> {
+        self.call(Method::POST, "v1/pipelines", Some(req)).await
+    }
+
+    /// `GET /v1/pipelines/{id}`.
+    pub async fn pipeline(
+        &self,
+        id: u64,
+    ) -> Result<nightshift_common::PipelineRunView, ClientError> {
+        self.call::<(), _>(Method::GET, &format!("v1/pipelines/{id}"), None)
+            .await
+    }
+
+    /// `POST /v1/pipelines/{id}/rerun`: a new run of what run `id` ran.
+    pub async fn rerun_pipeline(
+        &self,
+        id: u64,
+    ) -> Result<nightshift_common::PipelineRunView, ClientError> {
+        self.call::<(), _>(Method::POST, &format!("v1/pipelines/{id}/rerun"), None)
+            .await
+    }
+
     /// `GET /v1/nodes`.
     pub async fn nodes(&self) -> Result<NodeList, ClientError> {
         self.call::<(), _>(Method::GET, "v1/nodes", None).await
@@ -451,6 +477,8 @@ pub(crate) mod fake {
             owner: None,
             checkpoint: CheckpointPolicy::default(),
             retry: Default::default(),
+            capture: Default::default(),
+            files: Vec::new(),
         }
     }
 

@@ -14,6 +14,7 @@ use nightshift_core::{Core, CoreConfig, CoreError, Effect};
 use tokio::sync::watch;
 
 use crate::config::AccountingConfig;
+use crate::pipelines::Pipelines;
 use crate::store::{Changes, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -22,11 +23,14 @@ pub enum ApplyError {
     Core(#[from] CoreError),
     #[error("state not saved: {0}")]
     Store(#[from] StoreError),
+    #[error("pipelines cannot be rebuilt from the store: {0}")]
+    Pipelines(String),
 }
 
 struct Inner {
     core: Core,
     store: Store,
+    pipelines: Pipelines,
 }
 
 pub struct Cluster {
@@ -57,6 +61,12 @@ impl Cluster {
     ) -> Result<Self, StoreError> {
         let snapshot = store.load()?;
         let core = Core::restore(config.clone(), snapshot, now_ms());
+        let pipelines = Pipelines::restore(store.load_pipelines()?).map_err(|reason| {
+            StoreError::Pipelines {
+                path: store.path().to_owned(),
+                reason,
+            }
+        })?;
         let versions = core
             .node_names()
             .filter_map(|n| {
@@ -67,7 +77,11 @@ impl Cluster {
             })
             .collect();
         Ok(Self {
-            inner: Mutex::new(Inner { core, store }),
+            inner: Mutex::new(Inner {
+                core,
+                store,
+                pipelines,
+            }),
             config,
             accounting,
             metrics: crate::metrics::Metrics::default(),
@@ -100,15 +114,29 @@ impl Cluster {
         &self,
         f: impl FnOnce(&mut Core, UnixMillis) -> Result<T, CoreError>,
     ) -> Result<T, ApplyError> {
+        self.apply_with_pipelines(|core, _, now| f(core, now))
+    }
+
+    /// [`Cluster::apply`] with the pipeline runs at hand too. After `f`, every run is fed the
+    /// jobs that ended and the time, and the steps it decides to start are submitted, all in
+    /// the same batch of changes.
+    pub fn apply_with_pipelines<T>(
+        &self,
+        f: impl FnOnce(&mut Core, &mut Pipelines, UnixMillis) -> Result<T, CoreError>,
+    ) -> Result<T, ApplyError> {
         let now = now_ms();
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let result = f(&mut inner.core, now);
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *guard;
+        let result = f(&mut inner.core, &mut inner.pipelines, now);
+        inner.pipelines.drive(&mut inner.core, now);
         let effects = inner.core.poll_effects();
-        if effects.is_empty() {
+        let pipeline_changes = inner.pipelines.take_changes();
+        if effects.is_empty() && pipeline_changes.is_empty() {
             return Ok(result?);
         }
         let mut changes = Changes {
             counters: Some(inner.core.next_ids()),
+            pipelines: pipeline_changes,
             ..Default::default()
         };
         let mut moved = Vec::new();
@@ -133,9 +161,11 @@ impl Cluster {
             tracing::error!(error = %e, "saving state failed; reloading the core from the store");
             let snapshot = inner.store.load()?;
             inner.core = Core::restore(self.config.clone(), snapshot, now);
+            inner.pipelines =
+                Pipelines::restore(inner.store.load_pipelines()?).map_err(ApplyError::Pipelines)?;
             return Err(e.into());
         }
-        drop(inner);
+        drop(guard);
         let mut versions = self.versions.lock().unwrap_or_else(|p| p.into_inner());
         for (node, version) in moved {
             versions
@@ -152,6 +182,12 @@ impl Cluster {
     pub fn read<T>(&self, f: impl FnOnce(&Core, UnixMillis) -> T) -> T {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&inner.core, now_ms())
+    }
+
+    /// Reads the core and the pipeline runs.
+    pub fn read_pipelines<T>(&self, f: impl FnOnce(&Core, &Pipelines) -> T) -> T {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&inner.core, &inner.pipelines)
     }
 
     /// A receiver of `node`'s desired-state version, or `None` for an unknown node.
@@ -171,10 +207,10 @@ impl Cluster {
 
     /// When the core next wants a tick.
     pub fn next_deadline(&self) -> Option<UnixMillis> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .core
-            .next_deadline()
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let core = inner.core.next_deadline();
+        core.into_iter()
+            .chain(inner.pipelines.next_deadline())
+            .min()
     }
 }

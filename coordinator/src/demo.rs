@@ -316,6 +316,8 @@ fn trainer() -> JobSpec {
             grace_period_seconds: 20,
         },
         retry: Default::default(),
+        capture: Default::default(),
+        files: Vec::new(),
     }
 }
 

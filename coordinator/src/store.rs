@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use nightshift_common::{GpuInfo, JobView, NodeMode, UnixMillis};
 use nightshift_core::{CoreSnapshot, NodeSnapshot, Profile, Usage};
+
+use crate::pipelines::{PipelineChanges, PipelineSnapshot};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +40,16 @@ const MIGRATIONS: &[&str] = &[
     "
     CREATE TABLE profiles (service TEXT PRIMARY KEY, record TEXT NOT NULL) STRICT;
     ",
+    // Pipeline runs: what each started from, every input it handled, the job of each step.
+    "
+    CREATE TABLE pipeline_runs (id INTEGER PRIMARY KEY, record TEXT NOT NULL) STRICT;
+    CREATE TABLE pipeline_inputs (
+        run INTEGER NOT NULL, seq INTEGER NOT NULL, record TEXT NOT NULL,
+        PRIMARY KEY (run, seq)) STRICT;
+    CREATE TABLE pipeline_jobs (
+        run INTEGER NOT NULL, node INTEGER NOT NULL, retry INTEGER NOT NULL, job INTEGER NOT NULL,
+        PRIMARY KEY (run, node, retry)) STRICT;
+    ",
 ];
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -65,6 +77,8 @@ pub enum StoreError {
         what: String,
         source: serde_json::Error,
     },
+    #[error("database {path}: pipeline runs cannot be replayed: {reason}")]
+    Pipelines { path: PathBuf, reason: String },
     #[error(
         "database {path} has schema version {found}, newer than this coordinator knows ({known}); \
          upgrade nightshift-coordinator"
@@ -102,6 +116,7 @@ pub struct Changes {
     pub usage: Vec<Usage>,
     pub profiles: Vec<(String, Profile)>,
     pub counters: Option<(u64, u64, u64)>,
+    pub pipelines: PipelineChanges,
 }
 
 impl Store {
@@ -286,6 +301,66 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
+    /// Every pipeline run, with its inputs in order and its jobs.
+    pub fn load_pipelines(&self) -> Result<PipelineSnapshot, StoreError> {
+        let mut snapshot = PipelineSnapshot::default();
+        let corrupt = |what: String, source| StoreError::Corrupt {
+            path: self.path.clone(),
+            what,
+            source,
+        };
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, record FROM pipeline_runs ORDER BY id")
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .map_err(|e| self.sql(e))?;
+        for row in rows {
+            let (id, record) = row.map_err(|e| self.sql(e))?;
+            let run = serde_json::from_str(&record)
+                .map_err(|e| corrupt(format!("pipeline run {id}"), e))?;
+            snapshot.runs.push(run);
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT run, seq, record FROM pipeline_inputs ORDER BY run, seq")
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| self.sql(e))?;
+        for row in rows {
+            let (run, seq, record) = row.map_err(|e| self.sql(e))?;
+            let input = serde_json::from_str(&record)
+                .map_err(|e| corrupt(format!("input {seq} of pipeline run {run}"), e))?;
+            snapshot.inputs.entry(run as u64).or_default().push(input);
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT run, node, retry, job FROM pipeline_jobs")
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, i64>(1)? as usize,
+                    r.get::<_, i64>(2)? as u32,
+                    r.get::<_, i64>(3)? as u64,
+                ))
+            })
+            .map_err(|e| self.sql(e))?;
+        for row in rows {
+            snapshot.jobs.push(row.map_err(|e| self.sql(e))?);
+        }
+        Ok(snapshot)
+    }
+
     /// Writes one batch of changes in a single transaction.
     pub fn write(&mut self, changes: &Changes) -> Result<(), StoreError> {
         let path = self.path.clone();
@@ -350,6 +425,31 @@ impl Store {
                     u.preempted,
                     u.lost_gpu_ms as i64
                 ],
+            )
+            .map_err(sql)?;
+        }
+        let p = &changes.pipelines;
+        for run in &p.runs {
+            let record = serde_json::to_string(run).expect("wire types always serialize");
+            tx.execute(
+                "INSERT INTO pipeline_runs (id, record) VALUES (?1, ?2)
+                 ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+                params![run.id as i64, record],
+            )
+            .map_err(sql)?;
+        }
+        for (run, seq, input) in &p.inputs {
+            let record = serde_json::to_string(input).expect("wire types always serialize");
+            tx.execute(
+                "INSERT INTO pipeline_inputs (run, seq, record) VALUES (?1, ?2, ?3)",
+                params![*run as i64, *seq as i64, record],
+            )
+            .map_err(sql)?;
+        }
+        for (run, node, retry, job) in &p.jobs {
+            tx.execute(
+                "INSERT INTO pipeline_jobs (run, node, retry, job) VALUES (?1, ?2, ?3, ?4)",
+                params![*run as i64, *node as i64, *retry as i64, *job as i64],
             )
             .map_err(sql)?;
         }

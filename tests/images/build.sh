@@ -2,6 +2,7 @@
 # Builds the test stand-ins as static binaries and packs each into a FROM-scratch image:
 #   nightshift/vllm-standin:dev  (tests/standins/src/bin/vllm-standin.rs)
 #   nightshift/toy-trainer:dev   (tests/standins/src/bin/toy-trainer.rs)
+# and, through argo-examples.sh, busybox, alpine:3.23/3.7 and argoproj/argosay:v1/v2 stand-ins.
 # Idempotent and runnable from any directory. Needs cargo, a reachable Docker engine, and `file`
 # or `ldd` to check that the binaries are static.
 set -euo pipefail
@@ -60,3 +61,6 @@ for name in "${IMAGES[@]}"; do
     size="$(docker image inspect --format '{{.Size}}' "$tag")"
     echo "build.sh: built $tag ($id, $size bytes) from $BIN_DIR/$name"
 done
+
+# The images Argo's examples name (busybox, alpine, argosay), for the pipeline tests.
+bash "$HERE/argo-examples.sh" "$BIN_DIR"

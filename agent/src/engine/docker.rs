@@ -16,8 +16,9 @@ use bollard::models::{
     HostConfig, PortBinding, PortMap, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures_util::TryStreamExt;
 
@@ -89,6 +90,33 @@ impl DockerEngine {
             tracing::warn!(container.name = %spec.name, %warning, "docker create warning");
         }
         Ok(created.id)
+    }
+
+    /// Copies `spec.files` into the created (not yet started) container, as one archive
+    /// extracted at `/`; missing parent directories are created.
+    async fn place_files(&self, spec: &ContainerSpec, id: &str) -> Result<(), EngineError> {
+        let mut archive = tar::Builder::new(Vec::new());
+        for (path, content) in &spec.files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(content.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            archive
+                .append_data(
+                    &mut header,
+                    path.trim_start_matches('/'),
+                    content.as_slice(),
+                )
+                .map_err(|e| EngineError::Other(format!("{}: file {path}: {e}", spec.name)))?;
+        }
+        let bytes = archive
+            .into_inner()
+            .map_err(|e| EngineError::Other(format!("{}: files: {e}", spec.name)))?;
+        let options = UploadToContainerOptionsBuilder::new().path("/").build();
+        self.docker
+            .upload_to_container(id, Some(options), bollard::body_full(bytes.into()))
+            .await
+            .map_err(|err| engine_error(&spec.name, err))
     }
 
     /// Starts a created container; removes it when it cannot start, so that a failed `run`
@@ -168,6 +196,14 @@ impl Engine for DockerEngine {
             self.remove(&existing.id).await?;
         }
         let id = self.create(spec).await?;
+        if !spec.files.is_empty()
+            && let Err(err) = self.place_files(spec, &id).await
+        {
+            if let Err(cleanup) = self.remove(&id).await {
+                tracing::warn!(container.id = %id, error = %cleanup, "cannot remove container whose files could not be placed");
+            }
+            return Err(err);
+        }
         self.start(spec, &id).await?;
         tracing::info!(container.name = %spec.name, container.id = %id, image = %spec.image, "container started");
         Ok(id)
@@ -224,6 +260,66 @@ impl Engine for DockerEngine {
         }
     }
 
+    async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, EngineError> {
+        let options = DownloadFromContainerOptionsBuilder::new()
+            .path(path)
+            .build();
+        // A tar archive of the file: its header, the content, padding. A file within `limit`
+        // never needs more than this many bytes of it.
+        let budget = limit + 64 * 1024;
+        let mut stream = self.docker.download_from_container(id, Some(options));
+        let mut archive = Vec::new();
+        loop {
+            match stream.try_next().await {
+                Ok(Some(chunk)) => {
+                    archive.extend_from_slice(&chunk);
+                    if archive.len() as u64 > budget {
+                        return Err(too_large(id, path, limit));
+                    }
+                }
+                Ok(None) => break,
+                Err(DockerError::DockerResponseServerError {
+                    status_code: 404,
+                    message,
+                }) if !message.contains("No such container") => return Ok(None),
+                Err(err) => return Err(engine_error(id, err)),
+            }
+        }
+        first_file(&archive, limit).map_err(|e| match e {
+            TarError::TooLarge => too_large(id, path, limit),
+            TarError::Read(e) => EngineError::Other(format!("{id}: archive of {path}: {e}")),
+        })
+    }
+
+    async fn stdout(&self, id: &str, limit: usize) -> Result<String, EngineError> {
+        let options = LogsOptionsBuilder::new()
+            .stdout(true)
+            .stderr(false)
+            .follow(false)
+            .tail("all")
+            .build();
+        let bytes = self
+            .docker
+            .logs(id, Some(options))
+            .try_fold(Vec::new(), |mut bytes, chunk| async move {
+                bytes.extend_from_slice(&chunk.into_bytes());
+                // Keep the end: drop what is beyond twice the limit as it comes.
+                if bytes.len() > 2 * limit {
+                    bytes.drain(..bytes.len() - limit);
+                }
+                Ok(bytes)
+            })
+            .await
+            .map_err(|err| engine_error(id, err))?;
+        let start = bytes.len().saturating_sub(limit);
+        Ok(String::from_utf8_lossy(&bytes[start..]).into_owned())
+    }
+
     async fn logs(&self, id: &str, tail: Option<usize>) -> Result<String, EngineError> {
         let tail = tail.map_or_else(|| "all".to_owned(), |lines| lines.to_string());
         let options = LogsOptionsBuilder::new()
@@ -260,6 +356,39 @@ impl Engine for DockerEngine {
                 .map_err(move |err| engine_error(&subject, err)),
         )
     }
+}
+
+fn too_large(id: &str, path: &str, limit: u64) -> EngineError {
+    EngineError::FileTooLarge {
+        container: id.to_owned(),
+        path: path.to_owned(),
+        limit,
+    }
+}
+
+enum TarError {
+    TooLarge,
+    Read(std::io::Error),
+}
+
+/// The content of the first regular file of a tar archive; `None` when it holds none (the
+/// path was a directory).
+fn first_file(archive: &[u8], limit: u64) -> Result<Option<Vec<u8>>, TarError> {
+    use std::io::Read;
+    let mut tar = tar::Archive::new(archive);
+    for entry in tar.entries().map_err(TarError::Read)? {
+        let mut entry = entry.map_err(TarError::Read)?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        if entry.size() > limit {
+            return Err(TarError::TooLarge);
+        }
+        let mut content = Vec::new();
+        entry.read_to_end(&mut content).map_err(TarError::Read)?;
+        return Ok(Some(content));
+    }
+    Ok(None)
 }
 
 /// The socket `connect_with_local_defaults` dials, for error messages.

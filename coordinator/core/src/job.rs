@@ -291,6 +291,8 @@ mod tests {
                 limit: retries,
                 ..RetryPolicy::default()
             },
+            capture: Default::default(),
+            files: Vec::new(),
         };
         Job::new(1, spec, 0)
     }

@@ -7,6 +7,7 @@ mod identity;
 mod jobs;
 mod logs;
 mod nodes;
+mod pipelines;
 mod policy;
 mod report;
 mod services;
@@ -63,6 +64,12 @@ fn build(
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/logs", get(logs::logs))
+        .route(
+            "/v1/pipelines",
+            post(pipelines::submit).get(pipelines::list),
+        )
+        .route("/v1/pipelines/{id}", get(pipelines::show))
+        .route("/v1/pipelines/{id}/rerun", post(pipelines::rerun))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/report", get(report::report))
         .route("/v1/services/{name}/endpoints", get(services::list))
@@ -147,7 +154,7 @@ impl IntoResponse for HttpError {
 impl From<ApplyError> for HttpError {
     fn from(e: ApplyError) -> Self {
         let status = match &e {
-            ApplyError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApplyError::Store(_) | ApplyError::Pipelines(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApplyError::Core(c) => match c {
                 CoreError::InvalidSpec(_) | CoreError::UnknownService(_) => {
                     StatusCode::UNPROCESSABLE_ENTITY
@@ -160,7 +167,7 @@ impl From<ApplyError> for HttpError {
         };
         let field = match &e {
             ApplyError::Core(c) => c.field(),
-            ApplyError::Store(_) => None,
+            ApplyError::Store(_) | ApplyError::Pipelines(_) => None,
         };
         Self::new(status, e.to_string(), field)
     }

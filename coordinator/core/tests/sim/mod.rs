@@ -27,6 +27,8 @@ pub fn spec(name: &str, gpus: u32) -> JobSpec {
         owner: None,
         checkpoint: CheckpointPolicy::default(),
         retry: RetryPolicy::default(),
+        capture: Default::default(),
+        files: Vec::new(),
     }
 }
 

@@ -1,0 +1,79 @@
+//! `/v1/pipelines`: submit an Argo Workflows file as a pipeline run, list runs, show one.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use nightshift_common::{PipelineRunList, PipelineRunView, PipelineSubmit};
+
+use super::{HttpError, parse};
+use crate::cluster::Cluster;
+
+/// A workflow that does not lint, or unknown parameters, are refused (422) and nothing is
+/// queued.
+pub async fn submit(
+    State(cluster): State<Arc<Cluster>>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<PipelineRunView>), HttpError> {
+    let req: PipelineSubmit = parse("pipeline", &body)?;
+    let view = cluster.apply_with_pipelines(|core, pipelines, now| {
+        let id = pipelines.submit(core, now, &req.file, &req.text, req.parameters.clone())?;
+        Ok(id)
+    })?;
+    let view = cluster
+        .read_pipelines(|core, p| p.view(core, view))
+        .ok_or_else(|| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, "run vanished", None))?;
+    tracing::info!(pipeline.id = view.id, pipeline.name = %view.name, "pipeline submitted");
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+pub async fn list(State(cluster): State<Arc<Cluster>>) -> Json<PipelineRunList> {
+    Json(PipelineRunList {
+        runs: cluster.read_pipelines(|core, p| p.list(core)),
+    })
+}
+
+pub async fn show(
+    State(cluster): State<Arc<Cluster>>,
+    Path(id): Path<u64>,
+) -> Result<Json<PipelineRunView>, HttpError> {
+    cluster
+        .read_pipelines(|core, p| p.view(core, id))
+        .map(Json)
+        .ok_or_else(|| {
+            HttpError::new(
+                StatusCode::NOT_FOUND,
+                format!("pipeline run {id} not found"),
+                None,
+            )
+        })
+}
+
+/// Starts a new run of what run `id` ran: the same file text and parameters.
+pub async fn rerun(
+    State(cluster): State<Arc<Cluster>>,
+    Path(id): Path<u64>,
+) -> Result<(StatusCode, Json<PipelineRunView>), HttpError> {
+    let not_found = || {
+        HttpError::new(
+            StatusCode::NOT_FOUND,
+            format!("pipeline run {id} not found"),
+            None,
+        )
+    };
+    if !cluster.read_pipelines(|_, p| p.contains(id)) {
+        return Err(not_found());
+    }
+    let new = cluster.apply_with_pipelines(|core, pipelines, now| {
+        pipelines
+            .rerun(core, now, id)
+            .unwrap_or_else(|| Err(nightshift_common::SpecError::new("run", "not found").into()))
+    })?;
+    let view = cluster
+        .read_pipelines(|core, p| p.view(core, new))
+        .ok_or_else(not_found)?;
+    tracing::info!(pipeline.id = view.id, rerun.of = id, "pipeline rerun");
+    Ok((StatusCode::CREATED, Json(view)))
+}

@@ -1,0 +1,450 @@
+//! Pipeline runs in the coordinator: each run's state machine (nightshift-pipeline) beside
+//! the core, its steps submitted to the core as jobs, and what must be stored.
+//!
+//! A run is stored as what it started from ([`PipelineRunRecord`]), every input it handled
+//! in order ([`PipelineInputRecord`]) and the job of each (node, retry). After a restart the
+//! runs are replayed from their inputs; a `Launch` whose (node, retry) already has a job is
+//! not submitted again, so no step runs twice. The driver runs inside `Cluster::apply`, so
+//! its changes are written in the same transaction as the jobs it submits.
+
+use std::collections::BTreeMap;
+
+use nightshift_common::{
+    Capture, CaptureFile, CheckpointPolicy, EnvVar, JobFile, JobSpec, JobState, JobView,
+    PipelineInputRecord, PipelineNodeView, PipelineRunRecord, PipelineRunView, STDOUT_OUTPUT,
+    SpecError, UnixMillis,
+};
+use nightshift_core::{Core, CoreError};
+use nightshift_pipeline::run::NodeId;
+use nightshift_pipeline::{Action, Input, Outcome, Run, StepResult, StepSpec};
+
+/// What changed in the pipelines, to be written with the core's changes.
+#[derive(Debug, Default)]
+pub struct PipelineChanges {
+    pub runs: Vec<PipelineRunRecord>,
+    /// (run, sequence number, input).
+    pub inputs: Vec<(u64, u64, PipelineInputRecord)>,
+    /// (run, node, retry, job).
+    pub jobs: Vec<(u64, usize, u32, u64)>,
+}
+
+impl PipelineChanges {
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty() && self.inputs.is_empty() && self.jobs.is_empty()
+    }
+}
+
+/// What the store holds about pipelines, to rebuild them.
+#[derive(Debug, Default)]
+pub struct PipelineSnapshot {
+    pub runs: Vec<PipelineRunRecord>,
+    /// By run, in order.
+    pub inputs: BTreeMap<u64, Vec<PipelineInputRecord>>,
+    pub jobs: Vec<(u64, usize, u32, u64)>,
+}
+
+struct Active {
+    record: PipelineRunRecord,
+    run: Run,
+    inputs: u64,
+    jobs: BTreeMap<(NodeId, u32), u64>,
+}
+
+#[derive(Default)]
+pub struct Pipelines {
+    runs: BTreeMap<u64, Active>,
+    pending: PipelineChanges,
+}
+
+impl Pipelines {
+    /// Rebuilds every run by replaying its inputs.
+    pub fn restore(snapshot: PipelineSnapshot) -> Result<Self, String> {
+        let mut runs = BTreeMap::new();
+        for record in snapshot.runs {
+            let wf = nightshift_pipeline::load(&record.text)
+                .map_err(|e| format!("pipeline run {}: {e}", record.id))?;
+            let inputs: Vec<(UnixMillis, Input)> = snapshot
+                .inputs
+                .get(&record.id)
+                .into_iter()
+                .flatten()
+                .map(input_from_record)
+                .collect();
+            let (run, _) = Run::replay(
+                wf,
+                &record.id.to_string(),
+                &record.parameters,
+                record.started_at,
+                &inputs,
+            )
+            .map_err(|e| format!("pipeline run {}: {e}", record.id))?;
+            let active = Active {
+                inputs: inputs.len() as u64,
+                jobs: BTreeMap::new(),
+                record,
+                run,
+            };
+            runs.insert(active.record.id, active);
+        }
+        for (run, node, retry, job) in snapshot.jobs {
+            if let Some(a) = runs.get_mut(&run) {
+                a.jobs.insert((node, retry), job);
+            }
+        }
+        Ok(Self {
+            runs,
+            pending: PipelineChanges::default(),
+        })
+    }
+
+    pub fn take_changes(&mut self) -> PipelineChanges {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Starts a run of the workflow `text`; its first steps are submitted at once.
+    pub fn submit(
+        &mut self,
+        core: &mut Core,
+        now: UnixMillis,
+        file: &str,
+        text: &str,
+        parameters: BTreeMap<String, String>,
+    ) -> Result<u64, CoreError> {
+        let wf = nightshift_pipeline::load(text).map_err(|diags| {
+            let lines: Vec<String> = diags.0.iter().map(|d| d.display_in(file)).collect();
+            SpecError::new("workflow", lines.join("; "))
+        })?;
+        let id = self.runs.keys().next_back().map_or(1, |k| k + 1);
+        let run = Run::start(wf, &id.to_string(), &parameters, now)
+            .map_err(|e| SpecError::new("parameters", e.to_string()))?;
+        let record = PipelineRunRecord {
+            id,
+            file: file.to_owned(),
+            text: text.to_owned(),
+            parameters,
+            started_at: now,
+        };
+        self.pending.runs.push(record.clone());
+        self.runs.insert(
+            id,
+            Active {
+                record,
+                run,
+                inputs: 0,
+                jobs: BTreeMap::new(),
+            },
+        );
+        self.drive(core, now);
+        Ok(id)
+    }
+
+    /// Starts a new run from what run `id` was started from: the same file text and
+    /// parameters, so every step resolves to the same spec given the same upstream outputs.
+    pub fn rerun(
+        &mut self,
+        core: &mut Core,
+        now: UnixMillis,
+        id: u64,
+    ) -> Option<Result<u64, CoreError>> {
+        let record = self.runs.get(&id)?.record.clone();
+        Some(self.submit(core, now, &record.file, &record.text, record.parameters))
+    }
+
+    /// Whether run `id` exists.
+    pub fn contains(&self, id: u64) -> bool {
+        self.runs.contains_key(&id)
+    }
+
+    /// Feeds every run the jobs that ended and the time, and acts on what it decides.
+    pub fn drive(&mut self, core: &mut Core, now: UnixMillis) {
+        for (id, a) in &mut self.runs {
+            if a.run.phase.is_finished() {
+                continue;
+            }
+            let mut queue: Vec<Input> = Vec::new();
+            for _ in 0..1000 {
+                for (&(node, retry), &job) in &a.jobs {
+                    let n = &a.run.nodes[node];
+                    if !(n.launched && n.retries == retry) {
+                        continue;
+                    }
+                    if let Some(view) = core.job(job)
+                        && view.state.is_finished()
+                    {
+                        queue.push(Input::Finished {
+                            node,
+                            retry,
+                            result: result_of(&view),
+                        });
+                    }
+                }
+                let before = a.run.clone();
+                let mut actions = Vec::new();
+                let mut handled = Vec::new();
+                for input in queue.drain(..) {
+                    actions.extend(a.run.handle(now, input.clone()));
+                    handled.push(input);
+                }
+                actions.extend(a.run.handle(now, Input::Tick));
+                if a.run != before {
+                    handled.push(Input::Tick);
+                }
+                for input in handled {
+                    let seq = a.inputs;
+                    a.inputs += 1;
+                    self.pending.inputs.push((*id, seq, record_of(now, &input)));
+                }
+                let mut failed_launches = Vec::new();
+                for action in actions {
+                    match action {
+                        Action::Launch {
+                            node,
+                            retry,
+                            name,
+                            spec,
+                        } => {
+                            if a.jobs.contains_key(&(node, retry)) {
+                                continue;
+                            }
+                            match core.submit(now, job_spec(&name, &spec)) {
+                                Ok(job) => {
+                                    a.jobs.insert((node, retry), job);
+                                    self.pending.jobs.push((*id, node, retry, job));
+                                }
+                                Err(e) => failed_launches.push(Input::Finished {
+                                    node,
+                                    retry,
+                                    result: StepResult {
+                                        outcome: Outcome::Errored {
+                                            message: e.to_string(),
+                                        },
+                                        files: BTreeMap::new(),
+                                        stdout: None,
+                                    },
+                                }),
+                            }
+                        }
+                        Action::Cancel { node, .. } => {
+                            let jobs: Vec<u64> = a
+                                .jobs
+                                .iter()
+                                .filter(|((n, _), _)| *n == node)
+                                .map(|(_, j)| *j)
+                                .collect();
+                            for job in jobs {
+                                let _ = core.cancel(now, job);
+                            }
+                        }
+                    }
+                }
+                if failed_launches.is_empty() {
+                    break;
+                }
+                queue = failed_launches;
+            }
+        }
+    }
+
+    /// When a run next needs the time, at the latest.
+    pub fn next_deadline(&self) -> Option<UnixMillis> {
+        self.runs
+            .values()
+            .filter_map(|a| a.run.next_deadline())
+            .min()
+    }
+
+    pub fn view(&self, core: &Core, id: u64) -> Option<PipelineRunView> {
+        let a = self.runs.get(&id)?;
+        let run = &a.run;
+        let nodes = run
+            .nodes
+            .iter()
+            .map(|n| {
+                let jobs: Vec<u64> = a
+                    .jobs
+                    .iter()
+                    .filter(|((node, _), _)| *node == n.id)
+                    .map(|(_, j)| *j)
+                    .collect();
+                let last = jobs.last().and_then(|j| core.job(*j));
+                PipelineNodeView {
+                    id: n.id,
+                    parent: n.parent,
+                    name: n.name.clone(),
+                    template: n.template.clone(),
+                    phase: n.phase.as_str().to_owned(),
+                    message: n.message.clone(),
+                    retries: n.retries,
+                    attempt: last.as_ref().map(|j| j.attempt),
+                    preemptions: jobs
+                        .iter()
+                        .filter_map(|j| core.job(*j))
+                        .map(|j| j.preemptions)
+                        .sum(),
+                    jobs,
+                    started_at: n.started_at,
+                    finished_at: n.finished_at,
+                    outputs: n.outputs.clone(),
+                }
+            })
+            .collect();
+        Some(PipelineRunView {
+            id,
+            name: run.wf.name.clone(),
+            file: a.record.file.clone(),
+            phase: run.phase.as_str().to_owned(),
+            parameters: run.parameters.clone(),
+            started_at: run.started_at,
+            finished_at: run.finished_at,
+            nodes,
+        })
+    }
+
+    pub fn list(&self, core: &Core) -> Vec<PipelineRunView> {
+        self.runs
+            .keys()
+            .filter_map(|id| self.view(core, *id))
+            .collect()
+    }
+}
+
+/// The job that runs a step: its container, GPUs (at least one: the unit of a lease), the
+/// workflow's nightshift settings, and what to capture from it.
+fn job_spec(name: &str, spec: &StepSpec) -> JobSpec {
+    let defaults = CheckpointPolicy::default();
+    JobSpec {
+        name: name.chars().take(128).collect(),
+        image: spec.image.clone(),
+        command: spec.command.clone(),
+        args: spec.args.clone(),
+        env: spec
+            .env
+            .iter()
+            .map(|(name, value)| EnvVar {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        gpus: spec.gpus.max(1),
+        nodes: 1,
+        // Argo's retryStrategy is the run's to apply; the job itself is not retried.
+        retry: Default::default(),
+        priority: spec.extras.priority.unwrap_or(0),
+        owner: spec.extras.owner.clone(),
+        checkpoint: CheckpointPolicy {
+            signal: spec
+                .extras
+                .checkpoint_signal
+                .clone()
+                .unwrap_or(defaults.signal),
+            grace_period_seconds: spec
+                .extras
+                .grace_period_seconds
+                .unwrap_or(defaults.grace_period_seconds),
+        },
+        capture: Capture {
+            files: spec
+                .output_paths
+                .iter()
+                .chain(&spec.artifact_paths)
+                .map(|(name, path)| CaptureFile {
+                    name: name.clone(),
+                    path: path.clone(),
+                })
+                .collect(),
+            stdout: true,
+        },
+        files: spec
+            .input_files
+            .iter()
+            .map(|(path, content)| JobFile {
+                path: path.clone(),
+                content: content.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// How a finished job ended, for its run.
+fn result_of(job: &JobView) -> StepResult {
+    let mut files = job.outputs.clone();
+    let stdout = files.remove(STDOUT_OUTPUT);
+    let outcome = match (job.state, job.exit_code) {
+        (JobState::Succeeded, _) => Outcome::Succeeded,
+        (JobState::Failed, Some(code)) => Outcome::Failed { exit_code: code },
+        (_, _) => Outcome::Errored {
+            message: job
+                .message
+                .clone()
+                .unwrap_or_else(|| format!("job {} {}", job.id, job.state.as_str())),
+        },
+    };
+    StepResult {
+        outcome,
+        files,
+        stdout,
+    }
+}
+
+fn record_of(now: UnixMillis, input: &Input) -> PipelineInputRecord {
+    match input {
+        Input::Tick => PipelineInputRecord::Tick { now },
+        Input::Finished {
+            node,
+            retry,
+            result,
+        } => {
+            let (outcome, exit_code, message) = match &result.outcome {
+                Outcome::Succeeded => ("succeeded", None, None),
+                Outcome::Failed { exit_code } => ("failed", Some(*exit_code), None),
+                Outcome::Errored { message } => ("errored", None, Some(message.clone())),
+            };
+            PipelineInputRecord::Finished {
+                now,
+                node: *node,
+                retry: *retry,
+                outcome: outcome.to_owned(),
+                exit_code,
+                message,
+                outputs: result.files.clone(),
+                stdout: result.stdout.clone(),
+            }
+        }
+    }
+}
+
+fn input_from_record(r: &PipelineInputRecord) -> (UnixMillis, Input) {
+    match r {
+        PipelineInputRecord::Tick { now } => (*now, Input::Tick),
+        PipelineInputRecord::Finished {
+            now,
+            node,
+            retry,
+            outcome,
+            exit_code,
+            message,
+            outputs,
+            stdout,
+        } => {
+            let outcome = match (outcome.as_str(), exit_code) {
+                ("succeeded", _) => Outcome::Succeeded,
+                ("failed", Some(code)) => Outcome::Failed { exit_code: *code },
+                _ => Outcome::Errored {
+                    message: message.clone().unwrap_or_default(),
+                },
+            };
+            (
+                *now,
+                Input::Finished {
+                    node: *node,
+                    retry: *retry,
+                    result: StepResult {
+                        outcome,
+                        files: outputs.clone(),
+                        stdout: stdout.clone(),
+                    },
+                },
+            )
+        }
+    }
+}
