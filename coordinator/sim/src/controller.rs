@@ -28,9 +28,9 @@ pub trait Controller {
     fn restart(&mut self, now: UnixMillis) -> Vec<String>;
 }
 
-/// A hook for load prediction. The core does not take a forecast yet, so the `nightshift`
-/// policy runs with [`NoForecast`] and behaves exactly like `reactive`; the hook is where a
-/// forecast will be fed once the core accepts one.
+/// A hook for an external load forecast. The core learns its own profile (the `predictive`
+/// policy setting), so both core policies run with [`NoForecast`]; the hook stays for
+/// experiments with forecasts from outside the core.
 pub trait Forecast {
     /// Replicas the service will need at `at`, if known.
     fn replicas_needed(&self, at: UnixMillis) -> Option<u32>;

@@ -36,7 +36,7 @@ use crate::world::{ORIGIN, Outcome, World};
 /// The policies a run can compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// The core as shipped, with the forecast hook (a no-op until the core takes forecasts).
+    /// The core as shipped: reactive scaling plus predictive reclaim from its learned profile.
     Nightshift,
     /// The best fixed daily window and lent count, chosen with hindsight.
     FixedWindow,
@@ -129,28 +129,17 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
     let ttl_ms = cfg.lease_ttl_s * 1_000;
     let cold = cfg.lifecycle.start_s();
     let mut results = Vec::new();
-    let mut core_run: Option<Outcome> = None;
     for &policy in policies {
         let result = match policy {
             Policy::Nightshift | Policy::Reactive => {
-                // With the no-op forecast both are the same deterministic run: run it once.
-                let o = match &core_run {
-                    Some(o) => o,
-                    None => {
-                        let controller =
-                            CoreController::new(cfg.core_config(), Box::new(NoForecast));
-                        let o = World::new(cfg, &arrivals, &need, &faults, Box::new(controller));
-                        core_run.insert(o.run())
-                    }
-                };
-                let mut r = figures.policy(policy.name(), o, None);
-                if policy == Policy::Nightshift {
-                    r.note = Some(
-                        "the core takes no load forecast yet: nightshift runs the forecast hook as a no-op and equals reactive"
-                            .to_owned(),
-                    );
+                // The same core; `reactive` switches off its learned-profile forecast.
+                let mut core = cfg.core_config();
+                for service in &mut core.services {
+                    service.predictive = policy == Policy::Nightshift;
                 }
-                r
+                let controller = CoreController::new(core, Box::new(NoForecast));
+                let o = World::new(cfg, &arrivals, &need, &faults, Box::new(controller)).run();
+                figures.policy(policy.name(), &o, None)
             }
             Policy::FixedWindow | Policy::Night2008 => {
                 let window = if policy == Policy::FixedWindow {
