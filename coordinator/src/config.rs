@@ -120,6 +120,10 @@ pub struct ScaleUpConfig {
     pub waiting_per_replica: f64,
     pub running_per_replica: f64,
     pub kv_cache_usage: f64,
+    /// TTFT p95 (seconds) of any replica at or above this takes a node back; off when unset.
+    pub ttft_p95_s: Option<f64>,
+    /// Generated tokens/s per replica at or above this takes a node back; off when unset.
+    pub generation_tokens_per_s_per_replica: Option<f64>,
 }
 
 impl Default for ServiceConfig {
@@ -161,6 +165,8 @@ impl Default for ScaleUpConfig {
             waiting_per_replica: u.waiting_per_replica,
             running_per_replica: u.running_per_replica,
             kv_cache_usage: u.kv_cache_usage,
+            ttft_p95_s: u.ttft_p95_s,
+            generation_tokens_per_s_per_replica: u.generation_tokens_per_s_per_replica,
         }
     }
 }
@@ -309,6 +315,18 @@ impl CoordinatorConfig {
                     return invalid(format!("services[{i}].{key}"), "must be between 0 and 1");
                 }
             }
+            let optional = [
+                ("scale_up.ttft_p95_s", s.scale_up.ttft_p95_s),
+                (
+                    "scale_up.generation_tokens_per_s_per_replica",
+                    s.scale_up.generation_tokens_per_s_per_replica,
+                ),
+            ];
+            for (key, v) in optional {
+                if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                    return invalid(format!("services[{i}].{key}"), "must be a number > 0");
+                }
+            }
             if s.scale_up.kv_cache_usage <= s.scale_down.max_kv_cache_usage {
                 return invalid(
                     format!("services[{i}].scale_up.kv_cache_usage"),
@@ -383,6 +401,10 @@ impl CoordinatorConfig {
                         waiting_per_replica: s.scale_up.waiting_per_replica,
                         running_per_replica: s.scale_up.running_per_replica,
                         kv_cache_usage: s.scale_up.kv_cache_usage,
+                        ttft_p95_s: s.scale_up.ttft_p95_s,
+                        generation_tokens_per_s_per_replica: s
+                            .scale_up
+                            .generation_tokens_per_s_per_replica,
                     },
                     cooldown_ms: ms(s.cooldown_s),
                     gateway_signal_ttl_ms: ms(s.gateway_signal_ttl_s),

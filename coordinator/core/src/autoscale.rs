@@ -30,6 +30,10 @@ struct Load {
     running: Option<f64>,
     /// The highest KV-cache usage among ready replicas.
     kv_max: Option<f64>,
+    /// The highest TTFT p95 among ready replicas, in seconds.
+    ttft_p95_max: Option<f64>,
+    /// Generated tokens per second, summed over ready replicas.
+    generation_tokens_per_s: Option<f64>,
     gateway_waiting: u64,
 }
 
@@ -126,6 +130,11 @@ impl Core {
                 .iter()
                 .filter_map(|n| n.replica.as_ref()?.signals.kv_cache_usage)
                 .reduce(f64::max),
+            ttft_p95_max: ready
+                .iter()
+                .filter_map(|n| n.replica.as_ref()?.signals.ttft_p95_s)
+                .reduce(f64::max),
+            generation_tokens_per_s: sum(|n| n.replica.as_ref()?.signals.generation_tokens_per_s),
             gateway_waiting,
         }
     }
@@ -225,6 +234,10 @@ impl Core {
                 || load
                     .kv_max
                     .is_some_and(|kv| kv >= policy.scale_up.kv_cache_usage)
+                || matches!((load.ttft_p95_max, policy.scale_up.ttft_p95_s),
+                    (Some(t), Some(limit)) if t >= limit)
+                || matches!((per(load.generation_tokens_per_s), policy.scale_up.generation_tokens_per_s_per_replica),
+                    (Some(t), Some(limit)) if t >= limit)
         };
         let pressure = pressure && !at_max;
         // One replica coming back at a time answers pressure; the floor and the forecast do
@@ -311,6 +324,10 @@ impl Core {
             && load
                 .kv_max
                 .is_none_or(|kv| kv <= policy.scale_down.max_kv_cache_usage)
+            && !matches!((load.ttft_p95_max, policy.scale_up.ttft_p95_s),
+                (Some(t), Some(limit)) if t >= limit / 2.0)
+            && !matches!((load.generation_tokens_per_s, policy.scale_up.generation_tokens_per_s_per_replica),
+                (Some(t), Some(limit)) if t >= limit / 2.0 * remaining)
     }
 
     /// Serving nodes worth lending: as many as the first runnable queued job still needs

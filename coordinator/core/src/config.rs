@@ -111,6 +111,12 @@ pub struct ScaleUp {
     pub running_per_replica: f64,
     /// KV-cache usage (0–1) of any serving replica at or above this takes a node back.
     pub kv_cache_usage: f64,
+    /// A serving replica's time to first token (p95, seconds) at or above this takes a node
+    /// back; lending needs every replica below half of it. Off when unset.
+    pub ttft_p95_s: Option<f64>,
+    /// Generated tokens per second per serving replica at or above this takes a node back;
+    /// lending needs the remaining replicas below half of it. Off when unset.
+    pub generation_tokens_per_s_per_replica: Option<f64>,
 }
 
 impl Default for ScaleUp {
@@ -119,6 +125,8 @@ impl Default for ScaleUp {
             waiting_per_replica: 2.0,
             running_per_replica: 32.0,
             kv_cache_usage: 0.9,
+            ttft_p95_s: None,
+            generation_tokens_per_s_per_replica: None,
         }
     }
 }

@@ -162,3 +162,39 @@ fn the_learned_profile_takes_nodes_back_before_the_morning_ramp() {
         "without prediction the nodes stay lent until the load arrives"
     );
 }
+
+#[test]
+fn time_to_first_token_takes_a_node_back_and_keeps_it_from_being_lent() {
+    let mut cfg = config(1);
+    cfg.services[0].scale_up.ttft_p95_s = Some(2.0);
+    let mut c = Cluster::new(cfg, &[("a", 4), ("b", 4)]);
+    for a in &mut c.agents {
+        a.signals.ttft_p95_s = Some(1.5);
+    }
+    queue_long_jobs(&mut c, 1);
+    c.run(10);
+    assert_eq!(
+        lent(&c),
+        0,
+        "TTFT p95 1.5 s is above half the 2 s limit: not low enough to lend"
+    );
+    for a in &mut c.agents {
+        a.signals.ttft_p95_s = Some(0.4);
+    }
+    c.run(10);
+    assert_eq!(lent(&c), 1);
+    let serving = c
+        .core
+        .nodes(c.now)
+        .into_iter()
+        .find(|n| n.mode == NodeMode::Serve)
+        .unwrap()
+        .name;
+    c.agent(&serving).signals.ttft_p95_s = Some(2.5);
+    c.run(1);
+    assert_eq!(
+        lent(&c),
+        0,
+        "TTFT p95 over the limit takes the node back with no queue"
+    );
+}
