@@ -1,7 +1,6 @@
 //! A coordinator and an agent together, against the real Docker engine: restarts of either
 //! side lose nothing and duplicate nothing.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use nightshift_common::{JobState, ReplicaState};
@@ -86,40 +85,6 @@ async fn an_agent_restart_adopts_running_containers_without_duplicating_them() {
     agent.stop();
 }
 
-struct Coordinator(Child);
-
-impl Coordinator {
-    fn spawn(port: u16, data: &std::path::Path, config: &std::path::Path) -> Self {
-        let child = Command::new(workspace_bin("nightshift-coordinator"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(data)
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn nightshift-coordinator");
-        Self(child)
-    }
-
-    fn sigkill(mut self) {
-        self.0.kill().expect("SIGKILL");
-        self.0.wait().expect("reap");
-    }
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() {
     init_tracing();
@@ -134,7 +99,7 @@ async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() 
     let url = format!("http://127.0.0.1:{port}");
     let client = Client::new(&url).unwrap();
 
-    let coordinator = Coordinator::spawn(port, &data, &config);
+    let coordinator = CoordinatorProcess::spawn(port, &data, &config);
     wait_for("the coordinator", STARTUP, || async {
         client.healthz().await.ok()
     })
@@ -167,8 +132,8 @@ async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() 
     let before = client.jobs().await.unwrap().jobs;
     let container = containers(&node, "job");
 
-    coordinator.sigkill();
-    let _coordinator = Coordinator::spawn(port, &data, &config);
+    coordinator.kill();
+    let _coordinator = CoordinatorProcess::spawn(port, &data, &config);
     wait_for("the restarted coordinator", STARTUP, || async {
         client.healthz().await.ok()
     })

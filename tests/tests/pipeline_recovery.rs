@@ -3,7 +3,6 @@
 //! twice. Real Docker, the coordinator as a process.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use nightshift_common::{JobState, PipelineRunView, PipelineSubmit};
@@ -56,40 +55,6 @@ spec:
       args: ["echo attempt $NIGHTSHIFT_ATTEMPT; sleep 6; echo done"]
 "#;
 
-struct Coordinator(Child);
-
-impl Coordinator {
-    fn spawn(port: u16, data: &std::path::Path, config: &std::path::Path) -> Self {
-        let child = Command::new(workspace_bin("nightshift-coordinator"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(data)
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn nightshift-coordinator");
-        Self(child)
-    }
-
-    fn sigkill(mut self) {
-        self.0.kill().expect("SIGKILL");
-        self.0.wait().expect("reap");
-    }
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn submit(client: &Client, file: &str, text: &str) -> PipelineRunView {
     client
         .submit_pipeline(&PipelineSubmit {
@@ -131,7 +96,7 @@ async fn a_coordinator_killed_mid_dag_finishes_the_run_with_no_step_run_twice() 
     let url = format!("http://127.0.0.1:{port}");
     let client = Client::new(&url).unwrap();
 
-    let coordinator = Coordinator::spawn(port, &data, &config);
+    let coordinator = CoordinatorProcess::spawn(port, &data, &config);
     wait_for("the coordinator", STARTUP, || async {
         client.healthz().await.ok()
     })
@@ -144,8 +109,8 @@ async fn a_coordinator_killed_mid_dag_finishes_the_run_with_no_step_run_twice() 
     .await;
     let before = client.pipeline(run).await.unwrap();
 
-    coordinator.sigkill();
-    let _coordinator = Coordinator::spawn(port, &data, &config);
+    coordinator.kill();
+    let _coordinator = CoordinatorProcess::spawn(port, &data, &config);
     wait_for("the restarted coordinator", STARTUP, || async {
         client.healthz().await.ok()
     })
