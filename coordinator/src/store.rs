@@ -181,40 +181,51 @@ impl Store {
         Ok(())
     }
 
-    /// Everything needed to rebuild the core.
-    pub fn load(&self) -> Result<CoreSnapshot, StoreError> {
-        let mut snapshot = CoreSnapshot::default();
-        let mut stmt = self
-            .conn
-            .prepare("SELECT id, record FROM jobs ORDER BY id")
-            .map_err(|e| self.sql(e))?;
+    /// Every `(key, record)` row that `sql` selects, each record parsed from JSON; `what`
+    /// names a row in the error when one does not parse.
+    fn records<T: serde::de::DeserializeOwned>(
+        &self,
+        sql: &str,
+        what: &str,
+    ) -> Result<Vec<(String, T)>, StoreError> {
+        let mut stmt = self.conn.prepare(sql).map_err(|e| self.sql(e))?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .query_map([], |r| {
+                let key = match r.get::<_, rusqlite::types::Value>(0)? {
+                    rusqlite::types::Value::Integer(i) => i.to_string(),
+                    rusqlite::types::Value::Text(t) => t,
+                    other => format!("{other:?}"),
+                };
+                Ok((key, r.get::<_, String>(1)?))
+            })
             .map_err(|e| self.sql(e))?;
+        let mut out = Vec::new();
         for row in rows {
-            let (id, record) = row.map_err(|e| self.sql(e))?;
-            let job = serde_json::from_str(&record).map_err(|source| StoreError::Corrupt {
+            let (key, record) = row.map_err(|e| self.sql(e))?;
+            let value = serde_json::from_str(&record).map_err(|source| StoreError::Corrupt {
                 path: self.path.clone(),
-                what: format!("job {id}"),
+                what: format!("{what} {key}"),
                 source,
             })?;
-            snapshot.jobs.push(job);
+            out.push((key, value));
         }
-        let mut stmt = self
-            .conn
-            .prepare("SELECT name, record FROM nodes ORDER BY name")
-            .map_err(|e| self.sql(e))?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-            .map_err(|e| self.sql(e))?;
-        for row in rows {
-            let (name, record) = row.map_err(|e| self.sql(e))?;
-            let n: StoredNode =
-                serde_json::from_str(&record).map_err(|source| StoreError::Corrupt {
-                    path: self.path.clone(),
-                    what: format!("node {name}"),
-                    source,
-                })?;
+        Ok(out)
+    }
+
+    /// Everything needed to rebuild the core.
+    pub fn load(&self) -> Result<CoreSnapshot, StoreError> {
+        let jobs = self
+            .records::<JobView>("SELECT id, record FROM jobs ORDER BY id", "job")?
+            .into_iter()
+            .map(|(_, job)| job)
+            .collect();
+        let mut snapshot = CoreSnapshot {
+            jobs,
+            ..CoreSnapshot::default()
+        };
+        for (_, n) in
+            self.records::<StoredNode>("SELECT name, record FROM nodes ORDER BY name", "node")?
+        {
             snapshot.nodes.push(NodeSnapshot {
                 address: if n.address.is_empty() {
                     n.name.clone()
@@ -229,21 +240,10 @@ impl Store {
                 mode_since: n.mode_since,
             });
         }
-        let mut stmt = self
-            .conn
-            .prepare("SELECT service, record FROM profiles ORDER BY service")
-            .map_err(|e| self.sql(e))?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-            .map_err(|e| self.sql(e))?;
-        for row in rows {
-            let (service, record) = row.map_err(|e| self.sql(e))?;
-            let p: StoredProfile =
-                serde_json::from_str(&record).map_err(|source| StoreError::Corrupt {
-                    path: self.path.clone(),
-                    what: format!("profile of {service}"),
-                    source,
-                })?;
+        for (service, p) in self.records::<StoredProfile>(
+            "SELECT service, record FROM profiles ORDER BY service",
+            "profile of",
+        )? {
             snapshot
                 .profiles
                 .push((service, Profile::from_parts(p.weekly, p.daily)));
