@@ -101,34 +101,9 @@ impl Server {
         assert_eq!(status, 200);
     }
 
+    /// A heartbeat of an idle serving replica with no jobs.
     async fn heartbeat(&self, node: &str) -> DesiredNode {
-        let beat = Heartbeat {
-            gpus: vec![],
-            replica: ReplicaStatus {
-                state: ReplicaState::Serving,
-                signals: ServingSignals {
-                    requests_running: Some(0.0),
-                    requests_waiting: Some(0.0),
-                    kv_cache_usage: Some(0.0),
-                    ..Default::default()
-                },
-                url: None,
-            },
-            jobs: vec![],
-            applied_version: 0,
-            phases: vec![],
-            expired_leases: vec![],
-            host: None,
-            agent_url: None,
-        };
-        let (status, body) = self
-            .post(
-                &format!("/v1/agents/{node}/heartbeat"),
-                serde_json::to_value(beat).unwrap(),
-            )
-            .await;
-        assert_eq!(status, 200, "{body}");
-        serde_json::from_value(body).unwrap()
+        self.beat(node, ReplicaState::Serving, 0, vec![]).await
     }
 }
 
