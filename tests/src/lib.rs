@@ -361,6 +361,18 @@ pub fn coordinator_toml(cfg: &CoordinatorConfig) -> String {
 pub struct CoordinatorProcess {
     child: std::process::Child,
     pub url: String,
+    port: u16,
+    data: std::path::PathBuf,
+    config: std::path::PathBuf,
+}
+
+async fn wait_healthy(client: &nightshift_coordinator::client::Client) {
+    wait_for(
+        "the coordinator to answer",
+        Duration::from_secs(60),
+        || async { client.healthz().await.ok() },
+    )
+    .await;
 }
 
 impl CoordinatorProcess {
@@ -383,7 +395,34 @@ impl CoordinatorProcess {
         Self {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            port,
+            data: data.to_owned(),
+            config: config.to_owned(),
         }
+    }
+
+    /// A coordinator on a free port with its state and `coordinator.toml` (from
+    /// [`coordinator_config`]) under `dir`, answering `/healthz`; and a client for it.
+    pub async fn start_in(dir: &Path) -> (Self, nightshift_coordinator::client::Client) {
+        let data = dir.join("state");
+        let config = dir.join("coordinator.toml");
+        std::fs::write(&config, coordinator_toml(&coordinator_config(&data)))
+            .expect("write config");
+        let process = Self::spawn(free_port(), &data, &config);
+        let client = nightshift_coordinator::client::Client::new(&process.url).expect("client");
+        wait_healthy(&client).await;
+        (process, client)
+    }
+
+    /// Kills it with SIGKILL, as a crash would, starts it again on the same port and state,
+    /// and waits until it answers.
+    pub async fn crash_and_restart(self) -> Self {
+        let (port, data, config) = (self.port, self.data.clone(), self.config.clone());
+        self.kill();
+        let process = Self::spawn(port, &data, &config);
+        let client = nightshift_coordinator::client::Client::new(&process.url).expect("client");
+        wait_healthy(&client).await;
+        process
     }
 
     /// SIGKILL, then reap.

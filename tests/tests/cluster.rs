@@ -92,18 +92,8 @@ async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() 
     let node = unique_node("sigkill");
     let _cleanup = Cleanup(node.clone());
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("state");
-    let config = dir.path().join("coordinator.toml");
-    std::fs::write(&config, coordinator_toml(&coordinator_config(&data))).unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let client = Client::new(&url).unwrap();
-
-    let coordinator = CoordinatorProcess::spawn(port, &data, &config);
-    wait_for("the coordinator", STARTUP, || async {
-        client.healthz().await.ok()
-    })
-    .await;
+    let (coordinator, client) = CoordinatorProcess::start_in(dir.path()).await;
+    let url = coordinator.url.clone();
     let (agent, _) = start_agent(agent_config(&url, &node, &dir.path().join("work"), 4), 4).await;
     wait_for("the replica to serve", STARTUP, || async {
         (replica_state(&client, &node).await == Some(ReplicaState::Serving)).then_some(())
@@ -132,12 +122,7 @@ async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() 
     let before = client.jobs().await.unwrap().jobs;
     let container = containers(&node, "job");
 
-    coordinator.kill();
-    let _coordinator = CoordinatorProcess::spawn(port, &data, &config);
-    wait_for("the restarted coordinator", STARTUP, || async {
-        client.healthz().await.ok()
-    })
-    .await;
+    let _coordinator = coordinator.crash_and_restart().await;
 
     let after = client.jobs().await.unwrap().jobs;
     assert_eq!(after.len(), 3, "{after:?}");

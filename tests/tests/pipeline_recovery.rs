@@ -89,18 +89,8 @@ async fn a_coordinator_killed_mid_dag_finishes_the_run_with_no_step_run_twice() 
     let node = unique_node("pipekill");
     let _cleanup = Cleanup(node.clone());
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("state");
-    let config = dir.path().join("coordinator.toml");
-    std::fs::write(&config, coordinator_toml(&coordinator_config(&data))).unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let client = Client::new(&url).unwrap();
-
-    let coordinator = CoordinatorProcess::spawn(port, &data, &config);
-    wait_for("the coordinator", STARTUP, || async {
-        client.healthz().await.ok()
-    })
-    .await;
+    let (coordinator, client) = CoordinatorProcess::start_in(dir.path()).await;
+    let url = coordinator.url.clone();
     let (agent, _) = start_agent(agent_config(&url, &node, &dir.path().join("work"), 4), 4).await;
     let run = submit(&client, "slow-diamond.yaml", SLOW_DIAMOND).await.id;
     wait_for("B to run", STARTUP, || async {
@@ -109,12 +99,7 @@ async fn a_coordinator_killed_mid_dag_finishes_the_run_with_no_step_run_twice() 
     .await;
     let before = client.pipeline(run).await.unwrap();
 
-    coordinator.kill();
-    let _coordinator = CoordinatorProcess::spawn(port, &data, &config);
-    wait_for("the restarted coordinator", STARTUP, || async {
-        client.healthz().await.ok()
-    })
-    .await;
+    let _coordinator = coordinator.crash_and_restart().await;
     let after = client.pipeline(run).await.unwrap();
     assert_eq!(
         before
