@@ -153,8 +153,10 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
             }
             Policy::Oracle => {
                 let all = figures.oracle_gpu_hours;
-                let mut o = Outcome::default();
-                o.slo_minutes_per_day = vec![0; cfg.horizon_s().div_ceil(86_400) as usize];
+                let o = Outcome {
+                    slo_minutes_per_day: vec![0; cfg.horizon_s().div_ceil(86_400) as usize],
+                    ..Outcome::default()
+                };
                 figures.result(policy.name(), all, all, 0.0, &o, None)
             }
         };

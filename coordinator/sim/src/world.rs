@@ -211,7 +211,7 @@ impl<'a> World<'a> {
     fn beat(&mut self, s: u64, now: UnixMillis) {
         let every = self.cfg.heartbeat_s.max(1);
         for (i, n) in self.nodes.iter_mut().enumerate() {
-            if !n.reachable() || (s + i as u64) % every != 0 {
+            if !n.reachable() || !(s + i as u64).is_multiple_of(every) {
                 continue;
             }
             let beat = n.heartbeat();
