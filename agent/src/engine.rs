@@ -58,6 +58,8 @@ pub struct Container {
     pub id: String,
     pub name: String,
     pub image: String,
+    /// The ID (`sha256:...`) of the image it was created from: what `image` resolved to.
+    pub image_id: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub state: ContainerState,
     /// The host port bound to the published container port, once running.

@@ -409,6 +409,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 state,
                 last_checkpoint_at,
                 outputs,
+                image_id: container.and_then(|c| c.image_id.clone()),
             });
         }
         // Containers of leases no longer listed are still reported while they exist.
@@ -428,6 +429,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 state: self.run_state(c),
                 last_checkpoint_at: None,
                 outputs: BTreeMap::new(),
+                image_id: c.image_id.clone(),
             });
         }
         self.shared.update(|o| o.runs = runs);

@@ -49,6 +49,13 @@ async fn run_then_list_inspect_and_logs_see_the_container() -> Result<()> {
     assert_eq!(found[0].name, spec.name);
     assert_eq!(found[0].image, IMAGE);
     assert_eq!(found[0].state, ContainerState::Running);
+    // The name resolved to the image's ID, as `docker image inspect` gives it.
+    let image_id = std::process::Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", IMAGE])
+        .output()?;
+    let image_id = String::from_utf8(image_id.stdout)?;
+    assert!(image_id.starts_with("sha256:"), "{image_id}");
+    assert_eq!(found[0].image_id.as_deref(), Some(image_id.trim()));
 
     let mut other = t.labels();
     other.insert(labels::ROLE.into(), labels::ROLE_REPLICA.into());

@@ -183,6 +183,11 @@ pub struct JobRun {
     /// Output parameters the job wrote to its output directory, read after it exited.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, String>,
+    /// The ID (`sha256:...`, the digest of the image's configuration) of the image the
+    /// container was created from: what the job's image name resolved to at launch. Docker
+    /// keeps it through `docker save` / `docker load`, and creates a container from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -83,6 +83,10 @@ pub struct PipelineNodeView {
     pub finished_at: Option<UnixMillis>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, String>,
+    /// The image the newest job's container ran, as its ID (`sha256:...`), once the agent
+    /// reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +104,20 @@ pub struct PipelineRunRecord {
     pub text: String,
     pub parameters: BTreeMap<String, String>,
     pub started_at: UnixMillis,
+    /// A rerun's steps run the very images the run it repeats ran: by step name, the image
+    /// as written and the ID it resolved to then.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pins: BTreeMap<String, ImagePin>,
+}
+
+/// The image a step of an earlier run ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImagePin {
+    /// As the workflow names it, e.g. `alpine:3.23`.
+    pub image: String,
+    /// What it resolved to at launch: the image ID, `sha256:...`.
+    pub id: String,
 }
 
 /// One input a run handled, as stored: replaying them in order rebuilds the run.

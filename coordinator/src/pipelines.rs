@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use nightshift_common::{
-    Capture, CaptureFile, CheckpointPolicy, EnvVar, JobFile, JobSpec, JobState, JobView,
+    Capture, CaptureFile, CheckpointPolicy, EnvVar, ImagePin, JobFile, JobSpec, JobState, JobView,
     PipelineInputRecord, PipelineNodeView, PipelineRunRecord, PipelineRunView, STDOUT_OUTPUT,
     SpecError, UnixMillis,
 };
@@ -110,6 +110,18 @@ impl Pipelines {
         text: &str,
         parameters: BTreeMap<String, String>,
     ) -> Result<u64, CoreError> {
+        self.start(core, now, file, text, parameters, BTreeMap::new())
+    }
+
+    fn start(
+        &mut self,
+        core: &mut Core,
+        now: UnixMillis,
+        file: &str,
+        text: &str,
+        parameters: BTreeMap<String, String>,
+        pins: BTreeMap<String, ImagePin>,
+    ) -> Result<u64, CoreError> {
         let wf = nightshift_pipeline::load(text).map_err(|diags| {
             let lines: Vec<String> = diags.0.iter().map(|d| d.display_in(file)).collect();
             SpecError::new("workflow", lines.join("; "))
@@ -123,6 +135,7 @@ impl Pipelines {
             text: text.to_owned(),
             parameters,
             started_at: now,
+            pins,
         };
         self.pending.runs.push(record.clone());
         self.runs.insert(
@@ -139,15 +152,59 @@ impl Pipelines {
     }
 
     /// Starts a new run from what run `id` was started from: the same file text and
-    /// parameters, so every step resolves to the same spec given the same upstream outputs.
+    /// parameters, so every step resolves to the same spec given the same upstream outputs,
+    /// and each step that ran before runs the image it ran then (`images`: the image ID of
+    /// each job that reported one; see [`Pipelines::jobs_of`]).
     pub fn rerun(
         &mut self,
         core: &mut Core,
         now: UnixMillis,
         id: u64,
+        images: &BTreeMap<u64, String>,
     ) -> Option<Result<u64, CoreError>> {
-        let record = self.runs.get(&id)?.record.clone();
-        Some(self.submit(core, now, &record.file, &record.text, record.parameters))
+        let a = self.runs.get(&id)?;
+        let record = a.record.clone();
+        let mut pins = BTreeMap::new();
+        for n in &a.run.nodes {
+            // The newest job of the step whose image is known.
+            let newest = a
+                .jobs
+                .iter()
+                .filter(|((node, _), _)| *node == n.id)
+                .rev()
+                .find_map(|(_, job)| Some((*job, images.get(job)?)));
+            let Some((job, image_id)) = newest else {
+                continue;
+            };
+            // As written: a rerun of a rerun keeps the name the first run resolved.
+            let image = match record.pins.get(&n.name) {
+                Some(pin) => pin.image.clone(),
+                None => match core.job(job) {
+                    Some(view) => view.spec.image,
+                    None => continue,
+                },
+            };
+            pins.insert(
+                n.name.clone(),
+                ImagePin {
+                    image,
+                    id: image_id.clone(),
+                },
+            );
+        }
+        Some(self.start(
+            core,
+            now,
+            &record.file,
+            &record.text,
+            record.parameters,
+            pins,
+        ))
+    }
+
+    /// Every job of run `id`'s steps.
+    pub fn jobs_of(&self, id: u64) -> Option<Vec<u64>> {
+        Some(self.runs.get(&id)?.jobs.values().copied().collect())
     }
 
     /// Whether run `id` exists.
@@ -206,7 +263,11 @@ impl Pipelines {
                             if a.jobs.contains_key(&(node, retry)) {
                                 continue;
                             }
-                            match core.submit(now, job_spec(&name, &spec)) {
+                            let mut job = job_spec(&name, &spec);
+                            if let Some(id) = pinned(&a.record.pins, &name, &spec.image) {
+                                job.image = id.to_owned();
+                            }
+                            match core.submit(now, job) {
                                 Ok(job) => {
                                     a.jobs.insert((node, retry), job);
                                     self.pending.jobs.push((*id, node, retry, job));
@@ -285,6 +346,7 @@ impl Pipelines {
                     started_at: n.started_at,
                     finished_at: n.finished_at,
                     outputs: n.outputs.clone(),
+                    image_id: None,
                 }
             })
             .collect();
@@ -363,6 +425,18 @@ fn job_spec(name: &str, spec: &StepSpec) -> JobSpec {
             })
             .collect(),
     }
+}
+
+/// The image ID a rerun's step `name` runs instead of `image`: the one the step ran before,
+/// or else, for a step the earlier run did not have (a loop over other items), the one every
+/// step of the earlier run that named `image` ran, if they agree.
+fn pinned<'a>(pins: &'a BTreeMap<String, ImagePin>, name: &str, image: &str) -> Option<&'a str> {
+    if let Some(pin) = pins.get(name) {
+        return (pin.image == image).then_some(pin.id.as_str());
+    }
+    let mut ids = pins.values().filter(|p| p.image == image).map(|p| &p.id);
+    let first = ids.next()?;
+    ids.all(|id| id == first).then_some(first.as_str())
 }
 
 /// How a finished job ended, for its run.
@@ -446,5 +520,36 @@ fn input_from_record(r: &PipelineInputRecord) -> (UnixMillis, Input) {
                 },
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin(image: &str, id: &str) -> ImagePin {
+        ImagePin {
+            image: image.into(),
+            id: id.into(),
+        }
+    }
+
+    #[test]
+    fn a_rerun_pins_by_step_then_by_image_when_the_earlier_steps_agree() {
+        let pins = BTreeMap::from([
+            ("w.A".to_owned(), pin("busybox", "sha256:aa")),
+            ("w.B(0:x)".to_owned(), pin("alpine:3.23", "sha256:bb")),
+            ("w.B(1:y)".to_owned(), pin("alpine:3.23", "sha256:bb")),
+            ("w.C".to_owned(), pin("tool:1", "sha256:c1")),
+            ("w.D".to_owned(), pin("tool:1", "sha256:c2")),
+        ]);
+        assert_eq!(pinned(&pins, "w.A", "busybox"), Some("sha256:aa"));
+        // The step now names another image (a parameter changed): not pinned.
+        assert_eq!(pinned(&pins, "w.A", "busybox:musl"), None);
+        // A loop child the earlier run did not have: its image, all earlier steps agreeing.
+        assert_eq!(pinned(&pins, "w.B(2:z)", "alpine:3.23"), Some("sha256:bb"));
+        assert_eq!(pinned(&pins, "w.E", "tool:1"), None, "two IDs: ambiguous");
+        assert_eq!(pinned(&pins, "w.E", "never-ran"), None);
+        assert_eq!(pinned(&BTreeMap::new(), "w.A", "busybox"), None);
     }
 }

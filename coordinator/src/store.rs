@@ -5,6 +5,7 @@
 //! change the core reports is written in one transaction before the request that caused it
 //! is answered, so an acknowledged submission survives a SIGKILL.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use nightshift_common::{GpuInfo, JobView, NodeMode, UnixMillis};
@@ -49,6 +50,13 @@ const MIGRATIONS: &[&str] = &[
     CREATE TABLE pipeline_jobs (
         run INTEGER NOT NULL, node INTEGER NOT NULL, retry INTEGER NOT NULL, job INTEGER NOT NULL,
         PRIMARY KEY (run, node, retry)) STRICT;
+    ",
+    // The image each job attempt's container was created from, as its agent reported it.
+    "
+    CREATE TABLE job_images (
+        job INTEGER NOT NULL, attempt INTEGER NOT NULL, node TEXT NOT NULL,
+        image_id TEXT NOT NULL, recorded_at INTEGER NOT NULL,
+        PRIMARY KEY (job, attempt)) STRICT;
     ",
 ];
 
@@ -361,6 +369,58 @@ impl Store {
         Ok(snapshot)
     }
 
+    /// Records the image ID each `(job, attempt, image_id)` ran on `node`; the first report
+    /// of an attempt stands. Returns how many were new.
+    pub fn record_images(
+        &self,
+        node: &str,
+        runs: &[(u64, u32, String)],
+        now: UnixMillis,
+    ) -> Result<usize, StoreError> {
+        let mut new = 0;
+        for (job, attempt, image_id) in runs {
+            let known: Option<i64> = self
+                .conn
+                .prepare_cached("SELECT 1 FROM job_images WHERE job = ?1 AND attempt = ?2")
+                .and_then(|mut s| {
+                    s.query_row(params![*job as i64, *attempt as i64], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(|e| self.sql(e))?;
+            if known.is_some() {
+                continue;
+            }
+            new += self
+                .conn
+                .execute(
+                    "INSERT INTO job_images (job, attempt, node, image_id, recorded_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                    params![*job as i64, *attempt as i64, node, image_id, now as i64],
+                )
+                .map_err(|e| self.sql(e))?;
+        }
+        Ok(new)
+    }
+
+    /// The image ID of each of `jobs` that has one: its newest attempt's.
+    pub fn image_ids(&self, jobs: &[u64]) -> Result<BTreeMap<u64, String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT image_id FROM job_images WHERE job = ?1 ORDER BY attempt DESC LIMIT 1",
+            )
+            .map_err(|e| self.sql(e))?;
+        let mut out = BTreeMap::new();
+        for job in jobs {
+            let id: Option<String> = stmt
+                .query_row([*job as i64], |r| r.get(0))
+                .optional()
+                .map_err(|e| self.sql(e))?;
+            out.extend(id.map(|id| (*job, id)));
+        }
+        Ok(out)
+    }
+
     /// Writes one batch of changes in a single transaction.
     pub fn write(&mut self, changes: &Changes) -> Result<(), StoreError> {
         let path = self.path.clone();
@@ -475,7 +535,6 @@ impl Store {
 mod tests {
     use super::*;
     use nightshift_common::{JobSpec, JobState};
-    use std::collections::BTreeMap;
 
     fn job(id: u64) -> JobView {
         JobView {
@@ -549,6 +608,30 @@ mod tests {
             .unwrap();
         let s = store.load().unwrap();
         assert_eq!((s.next_job_id, s.next_lease_id, s.next_epoch), (9, 9, 9));
+    }
+
+    #[test]
+    fn the_first_image_reported_for_an_attempt_stands() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let runs = [
+            (1, 1, "sha256:aa".to_owned()),
+            (2, 1, "sha256:bb".to_owned()),
+        ];
+        assert_eq!(store.record_images("n1", &runs, 5).unwrap(), 2);
+        // Every heartbeat repeats it; a later attempt (after a preemption) may differ.
+        assert_eq!(store.record_images("n1", &runs, 6).unwrap(), 0);
+        let later = [
+            (1, 1, "sha256:zz".to_owned()),
+            (1, 2, "sha256:cc".to_owned()),
+        ];
+        assert_eq!(store.record_images("n2", &later, 7).unwrap(), 1);
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.image_ids(&[1, 2, 3]).unwrap(),
+            BTreeMap::from([(1, "sha256:cc".to_owned()), (2, "sha256:bb".to_owned())])
+        );
     }
 
     #[test]

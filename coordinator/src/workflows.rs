@@ -77,8 +77,7 @@ pub fn render_run(run: &PipelineRunView, now: UnixMillis) -> String {
     let mut stack: Vec<(&PipelineNodeView, usize)> =
         children(None).into_iter().rev().map(|n| (n, 0)).collect();
     while let Some((n, depth)) = stack.pop() {
-        let name = n.name.rsplit('.').next().unwrap_or(&n.name);
-        let mut line = format!("{}{} {}", "  ".repeat(depth), clean(name), n.phase);
+        let mut line = format!("{}{} {}", "  ".repeat(depth), clean(shown(n)), n.phase);
         if let Some(started) = n.started_at {
             let d = n.finished_at.unwrap_or(now).saturating_sub(started);
             line.push_str(&format!(" {}", format_duration(d)));
@@ -93,6 +92,11 @@ pub fn render_run(run: &PipelineRunView, now: UnixMillis) -> String {
         if n.preemptions > 0 {
             line.push_str(&format!(" preempted {}", n.preemptions));
         }
+        if let Some(id) = &n.image_id {
+            // Docker's short form: the first 12 hex digits.
+            let hex = id.strip_prefix("sha256:").unwrap_or(id);
+            line.push_str(&format!(" image {}", clean(&hex[..hex.len().min(12)])));
+        }
         if let Some(m) = &n.message {
             line.push_str(&format!(": {}", clean(m)));
         }
@@ -103,6 +107,11 @@ pub fn render_run(run: &PipelineRunView, now: UnixMillis) -> String {
         }
     }
     text
+}
+
+/// A step's name as `get` shows it: the last part of its full name (`main.B(1:bar)` → `B(1:bar)`).
+fn shown(n: &PipelineNodeView) -> &str {
+    n.name.rsplit('.').next().unwrap_or(&n.name)
 }
 
 #[cfg(test)]
@@ -124,6 +133,7 @@ mod tests {
             started_at: Some(1_000),
             finished_at: Some(4_000),
             outputs: BTreeMap::new(),
+            image_id: None,
         }
     }
 
@@ -134,6 +144,8 @@ mod tests {
         b.retries = 1;
         b.preemptions = 1;
         b.message = Some("exited with code 1".into());
+        b.image_id =
+            Some("sha256:caeab3c512c3058cbb2c990113869991a7229395a4ff3cebdec5f3ca4e2146a3".into());
         let run = PipelineRunView {
             id: 3,
             name: "d".into(),
@@ -153,7 +165,7 @@ mod tests {
             "run 3 (d) Failed after 65s\n\
              d Failed 3s\n\
              \x20 A Succeeded 3s\n\
-             \x20 B Failed 3s job 7,9 retries 1 preempted 1: exited with code 1\n"
+             \x20 B Failed 3s job 7,9 retries 1 preempted 1 image caeab3c512c3: exited with code 1\n"
         );
         assert!(is_workflow(
             "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\n"

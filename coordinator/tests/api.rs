@@ -233,6 +233,7 @@ fn run(
         state,
         last_checkpoint_at: None,
         outputs: Default::default(),
+        image_id: None,
     }
 }
 

@@ -533,7 +533,11 @@ fn to_container(response: ContainerInspectResponse) -> Container {
             .map(|name| name.trim_start_matches('/').to_owned())
             .unwrap_or_default(),
         // The reference the container was created from, not the image id.
-        image: config.image.or(response.image).unwrap_or_default(),
+        image: config
+            .image
+            .or_else(|| response.image.clone())
+            .unwrap_or_default(),
+        image_id: response.image.filter(|id| !id.is_empty()),
         labels: config.labels.unwrap_or_default().into_iter().collect(),
         state: response
             .state

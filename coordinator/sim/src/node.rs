@@ -354,6 +354,7 @@ impl SimNode {
                     },
                     last_checkpoint_at: None,
                     outputs: BTreeMap::new(),
+                    image_id: None,
                 }
             })
             .collect();

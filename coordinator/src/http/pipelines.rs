@@ -24,14 +24,16 @@ pub async fn submit(
     })?;
     let view = cluster
         .read_pipelines(|core, p| p.view(core, view))
+        .map(|v| with_images(&cluster, v))
         .ok_or_else(|| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, "run vanished", None))?;
     tracing::info!(pipeline.id = view.id, pipeline.name = %view.name, "pipeline submitted");
     Ok((StatusCode::CREATED, Json(view)))
 }
 
 pub async fn list(State(cluster): State<Arc<Cluster>>) -> Json<PipelineRunList> {
+    let runs = cluster.read_pipelines(|core, p| p.list(core));
     Json(PipelineRunList {
-        runs: cluster.read_pipelines(|core, p| p.list(core)),
+        runs: runs.into_iter().map(|v| with_images(&cluster, v)).collect(),
     })
 }
 
@@ -41,7 +43,7 @@ pub async fn show(
 ) -> Result<Json<PipelineRunView>, HttpError> {
     cluster
         .read_pipelines(|core, p| p.view(core, id))
-        .map(Json)
+        .map(|v| Json(with_images(&cluster, v)))
         .ok_or_else(|| {
             HttpError::new(
                 StatusCode::NOT_FOUND,
@@ -63,17 +65,45 @@ pub async fn rerun(
             None,
         )
     };
-    if !cluster.read_pipelines(|_, p| p.contains(id)) {
-        return Err(not_found());
-    }
+    let jobs = cluster
+        .read_pipelines(|_, p| p.jobs_of(id))
+        .ok_or_else(not_found)?;
+    let images = cluster
+        .read_store(|store, _, _| store.image_ids(&jobs))
+        .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?;
     let new = cluster.apply_with_pipelines(|core, pipelines, now| {
         pipelines
-            .rerun(core, now, id)
+            .rerun(core, now, id, &images)
             .unwrap_or_else(|| Err(nightshift_common::SpecError::new("run", "not found").into()))
     })?;
     let view = cluster
         .read_pipelines(|core, p| p.view(core, new))
+        .map(|v| with_images(&cluster, v))
         .ok_or_else(not_found)?;
     tracing::info!(pipeline.id = view.id, rerun.of = id, "pipeline rerun");
     Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// `view` with the image each step's newest job ran, as recorded from its agent. The store
+/// failing to answer leaves them out rather than failing the request.
+fn with_images(cluster: &Cluster, mut view: PipelineRunView) -> PipelineRunView {
+    let jobs: Vec<u64> = view
+        .nodes
+        .iter()
+        .filter_map(|n| n.jobs.last().copied())
+        .collect();
+    if jobs.is_empty() {
+        return view;
+    }
+    match cluster.read_store(|store, _, _| store.image_ids(&jobs)) {
+        Ok(images) => {
+            for n in &mut view.nodes {
+                n.image_id = n.jobs.last().and_then(|j| images.get(j)).cloned();
+            }
+        }
+        Err(e) => {
+            tracing::warn!(pipeline.id = view.id, error = %e, "reading launched images failed")
+        }
+    }
+    view
 }

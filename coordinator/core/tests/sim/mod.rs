@@ -176,6 +176,7 @@ impl SimAgent {
                         state: JobRunState::Pending,
                         last_checkpoint_at: None,
                         outputs: BTreeMap::new(),
+                        image_id: None,
                     });
                 }
             }

@@ -566,6 +566,7 @@ fn absorb(state: &mut AgentState, desired: &DesiredNode) {
                     state: JobRunState::Running,
                     last_checkpoint_at: None,
                     outputs: Default::default(),
+                    image_id: None,
                 },
                 0,
             ));

@@ -1,0 +1,190 @@
+//! What a pipeline run leaves behind on real Docker: the image each step ran, by ID, so that
+//! `nightshift rerun` runs the very same image after its tag moved.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nightshift_common::{PipelineRunView, PipelineSubmit};
+use nightshift_coordinator::client::Client;
+use nightshift_tests::*;
+
+const STARTUP: Duration = Duration::from_secs(120);
+
+/// One step printing a mark that its image sets, kept as an output parameter.
+fn marking(image: &str) -> String {
+    format!(
+        r#"apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata:
+  generateName: pinned-
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    steps:
+    - - name: mark
+        template: print-mark
+  - name: print-mark
+    container:
+      image: {image}
+      command: [sh, -c]
+      args: ["echo $PIN_MARK | tee /tmp/mark"]
+    outputs:
+      parameters:
+      - name: mark
+        valueFrom:
+          path: /tmp/mark
+"#
+    )
+}
+
+async fn submit(client: &Client, text: &str) -> PipelineRunView {
+    client
+        .submit_pipeline(&PipelineSubmit {
+            file: "test.yaml".into(),
+            text: text.to_owned(),
+            parameters: BTreeMap::new(),
+        })
+        .await
+        .expect("submit")
+}
+
+async fn finished(client: &Client, id: u64) -> PipelineRunView {
+    wait_for(&format!("run {id} to finish"), STARTUP, || async {
+        let v = client.pipeline(id).await.ok()?;
+        (v.phase != "Running").then_some(v)
+    })
+    .await
+}
+
+/// Builds `tag` as busybox with `PIN_MARK=mark` and returns its image ID.
+fn build_marked(tag: &str, mark: &str) -> String {
+    let mut build = Command::new("docker")
+        .args(["build", "-q", "-t", tag, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("docker build");
+    use std::io::Write;
+    build
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("FROM busybox:latest\nENV PIN_MARK={mark}\n").as_bytes())
+        .unwrap();
+    let out = build.wait_with_output().unwrap();
+    assert!(out.status.success(), "docker build {tag}");
+    image_id(tag)
+}
+
+fn image_id(reference: &str) -> String {
+    let out = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", reference])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker image inspect {reference}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Removes the images this test built, by ID (the first one has lost its tag by then).
+struct RemoveImages(Vec<String>);
+
+impl Drop for RemoveImages {
+    fn drop(&mut self) {
+        for id in &self.0 {
+            let _ = Command::new("docker")
+                .args(["image", "rm", "-f", id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+async fn nightshift(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(workspace_bin("nightshift"))
+        .arg("--coordinator")
+        .arg(url)
+        .args(args)
+        .output()
+        .await
+        .expect("run nightshift");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
+    init_tracing();
+    require_images();
+    let node = unique_node("pin");
+    // Dropped last: the containers go first, then their images.
+    let mut built = RemoveImages(Vec::new());
+    let _cleanup = Cleanup(node.clone());
+    let tag = format!("nightshift-test/{node}:latest");
+    let first = build_marked(&tag, "first");
+    built.0.push(first.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
+    let client = coordinator.client();
+    let (_agent, _) = start_agent(
+        agent_config(&coordinator.url, &node, &dir.path().join("work"), 2),
+        2,
+    )
+    .await;
+    let text = marking(&tag);
+    let step = |v: &PipelineRunView| {
+        v.nodes
+            .iter()
+            .find(|n| n.name.ends_with(".mark"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no step mark in {:#?}", v.nodes))
+    };
+
+    let original = finished(&client, submit(&client, &text).await.id).await;
+    assert_eq!(original.phase, "Succeeded", "{original:#?}");
+    let ran = step(&original);
+    assert_eq!(ran.outputs.get("mark").map(String::as_str), Some("first"));
+    assert_eq!(ran.image_id.as_deref(), Some(first.as_str()));
+    let (code, tree, err) = nightshift(&coordinator.url, &["get", &original.id.to_string()]).await;
+    assert_eq!(code, 0, "{err}");
+    let short = &first["sha256:".len().."sha256:".len() + 12];
+    assert!(tree.contains("mark Succeeded"), "{tree}");
+    assert!(tree.contains(&format!("image {short}")), "{tree}");
+
+    // The tag moves to another image.
+    let second = build_marked(&tag, "second");
+    built.0.push(second.clone());
+    assert_ne!(first, second);
+
+    let rerun = client.rerun_pipeline(original.id).await.unwrap();
+    let rerun = finished(&client, rerun.id).await;
+    assert_eq!(rerun.phase, "Succeeded", "{rerun:#?}");
+    let again = step(&rerun);
+    assert_eq!(again.outputs.get("mark").map(String::as_str), Some("first"));
+    assert_eq!(again.image_id.as_deref(), Some(first.as_str()));
+    let job = client.job(again.jobs[0]).await.unwrap();
+    assert_eq!(
+        job.spec.image, first,
+        "the step's job names the image by ID"
+    );
+
+    // A rerun of the rerun still runs the first image; a new submission runs the tag's.
+    let twice = client.rerun_pipeline(rerun.id).await.unwrap();
+    let twice = finished(&client, twice.id).await;
+    assert_eq!(
+        step(&twice).outputs.get("mark").map(String::as_str),
+        Some("first")
+    );
+    let fresh = finished(&client, submit(&client, &text).await.id).await;
+    let fresh = step(&fresh);
+    assert_eq!(
+        fresh.outputs.get("mark").map(String::as_str),
+        Some("second")
+    );
+    assert_eq!(fresh.image_id.as_deref(), Some(second.as_str()));
+}
