@@ -134,9 +134,18 @@ pub enum Command {
         #[arg(long, value_parser = ["team", "job", "day", "month"])]
         by: Option<String>,
     },
-    /// Print a job's container output (stdout and stderr) while it has one.
+    /// Print a job's container output (stdout and stderr) while it has one; with STEP, the
+    /// output of a pipeline run's step.
     Logs {
+        /// A job, or with STEP a pipeline run.
+        #[arg(value_name = "JOB|RUN")]
         id: u64,
+        /// A step of the run, named as `nightshift get RUN` shows it (or its full name).
+        #[arg(value_name = "STEP")]
+        step: Option<String>,
+        /// The step's Nth try (its Nth job, counting retries from 1) rather than its newest.
+        #[arg(long, value_name = "N", requires = "step")]
+        attempt: Option<u32>,
         /// Keep printing what the job writes until its container exits.
         #[arg(short = 'f', long)]
         follow: bool,
@@ -422,10 +431,22 @@ async fn execute(
                 )
             })?;
         }
-        Command::Logs { id, follow, tail } => {
-            Client::new(&cli.coordinator)?
-                .logs(*id, *tail, *follow, out)
-                .await?;
+        Command::Logs {
+            id,
+            step,
+            attempt,
+            follow,
+            tail,
+        } => {
+            let client = Client::new(&cli.coordinator)?;
+            let job = match step {
+                Some(step) => {
+                    let run = client.pipeline(*id).await?;
+                    crate::workflows::step_job(&run, step, *attempt).map_err(CliError::Usage)?
+                }
+                None => *id,
+            };
+            client.logs(job, *tail, *follow, out).await?;
         }
         Command::Nodes => {
             let list = client(cli)?.nodes().await?;
@@ -929,6 +950,8 @@ mod tests {
             &["submit"],
             &["cancel", "-1"],
             &["frobnicate"],
+            // --attempt picks a try of a pipeline step: it needs the STEP.
+            &["logs", "3", "--attempt", "2"],
         ] {
             let (code, out, err) = cli(args, "").await;
             assert_eq!(code, 2, "{args:?}: {err}");

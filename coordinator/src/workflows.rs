@@ -114,6 +114,100 @@ fn shown(n: &PipelineNodeView) -> &str {
     n.name.rsplit('.').next().unwrap_or(&n.name)
 }
 
+/// The job of `step` in `run` (its full name or as `get` shows it): its newest, or with
+/// `attempt` its Nth try. The error names what exists instead.
+pub fn step_job(run: &PipelineRunView, step: &str, attempt: Option<u32>) -> Result<u64, String> {
+    let mut found: Vec<&PipelineNodeView> = run.nodes.iter().filter(|n| n.name == step).collect();
+    if found.is_empty() {
+        found = run.nodes.iter().filter(|n| shown(n) == step).collect();
+    }
+    let leaves = |parent: Option<usize>| -> Vec<String> {
+        let mut names: Vec<String> = run
+            .nodes
+            .iter()
+            .filter(|n| !n.jobs.is_empty() || !run.nodes.iter().any(|c| c.parent == Some(n.id)))
+            .filter(|n| parent.is_none_or(|p| is_under(run, n, p)))
+            .map(|n| clean(shown(n)))
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        names
+    };
+    let n = match found.as_slice() {
+        [] => {
+            return Err(format!(
+                "run {} ({}) has no step {}; its steps: {}",
+                run.id,
+                clean(&run.name),
+                clean(step),
+                leaves(None).join(", ")
+            ));
+        }
+        [n] => *n,
+        many => {
+            let names: Vec<String> = many.iter().map(|n| clean(&n.name)).collect();
+            return Err(format!(
+                "step {} of run {} is ambiguous; name one of: {}",
+                clean(step),
+                run.id,
+                names.join(", ")
+            ));
+        }
+    };
+    if n.jobs.is_empty() {
+        let inner = leaves(Some(n.id));
+        return Err(if inner.is_empty() {
+            format!(
+                "step {} of run {} is {} and has run no job",
+                clean(step),
+                run.id,
+                n.phase
+            )
+        } else {
+            format!(
+                "step {} of run {} runs no container itself; its steps: {}",
+                clean(step),
+                run.id,
+                inner.join(", ")
+            )
+        });
+    }
+    match attempt {
+        None => Ok(*n.jobs.last().expect("not empty")),
+        Some(a) => a
+            .checked_sub(1)
+            .and_then(|i| n.jobs.get(i as usize))
+            .copied()
+            .ok_or_else(|| {
+                format!(
+                    "step {} of run {} has {} {} (jobs {}); --attempt takes 1 to {}",
+                    clean(step),
+                    run.id,
+                    n.jobs.len(),
+                    if n.jobs.len() == 1 { "try" } else { "tries" },
+                    n.jobs
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    n.jobs.len()
+                )
+            }),
+    }
+}
+
+/// Whether `n` sits below the node `ancestor`.
+fn is_under(run: &PipelineRunView, n: &PipelineNodeView, ancestor: usize) -> bool {
+    let mut parent = n.parent;
+    while let Some(p) = parent {
+        if p == ancestor {
+            return true;
+        }
+        parent = run.nodes.iter().find(|x| x.id == p).and_then(|x| x.parent);
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +265,51 @@ mod tests {
             "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\n"
         ));
         assert!(!is_workflow("name: a\nimage: b\ngpus: 1\n"));
+    }
+
+    #[test]
+    fn logs_find_a_step_by_its_name_and_try() {
+        let mut a = node(1, Some(0), "d.A", "Succeeded");
+        a.jobs = vec![4];
+        let mut b = node(2, Some(0), "d.B", "Failed");
+        b.jobs = vec![7, 9];
+        let mut inner = node(3, Some(0), "d.C", "Running");
+        inner.jobs = vec![];
+        let mut c1 = node(4, Some(3), "d.C.A", "Pending");
+        c1.jobs = vec![];
+        let loop_child = node(5, Some(0), "d.print(0:x)", "Skipped");
+        let run = PipelineRunView {
+            id: 3,
+            name: "d".into(),
+            file: "d.yaml".into(),
+            phase: "Running".into(),
+            parameters: BTreeMap::new(),
+            started_at: 0,
+            finished_at: None,
+            nodes: vec![node(0, None, "d", "Running"), a, b, inner, c1, loop_child],
+        };
+        assert_eq!(step_job(&run, "B", None), Ok(9));
+        assert_eq!(step_job(&run, "d.B", Some(1)), Ok(7));
+        assert_eq!(step_job(&run, "d.A", None), Ok(4));
+        assert_eq!(
+            step_job(&run, "B", Some(3)).unwrap_err(),
+            "step B of run 3 has 2 tries (jobs 7, 9); --attempt takes 1 to 2"
+        );
+        assert_eq!(
+            step_job(&run, "Z", None).unwrap_err(),
+            "run 3 (d) has no step Z; its steps: A, B, print(0:x)"
+        );
+        assert_eq!(
+            step_job(&run, "A", None).unwrap_err(),
+            "step A of run 3 is ambiguous; name one of: d.A, d.C.A"
+        );
+        assert_eq!(
+            step_job(&run, "C", None).unwrap_err(),
+            "step C of run 3 runs no container itself; its steps: A"
+        );
+        assert_eq!(
+            step_job(&run, "d.C.A", None).unwrap_err(),
+            "step d.C.A of run 3 is Pending and has run no job"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! What a pipeline run leaves behind on real Docker: the image each step ran, by ID, so that
-//! `nightshift rerun` runs the very same image after its tag moved.
+//! `nightshift rerun` runs the very same image after its tag moved; and each step's output
+//! through `nightshift logs RUN STEP`.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -38,6 +39,27 @@ spec:
 "#
     )
 }
+
+/// A step that fails on its first try and talks, then waits, on its second.
+const TALKER: &str = r#"apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata:
+  generateName: talker-
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    steps:
+    - - name: talk
+        template: talker
+  - name: talker
+    retryStrategy:
+      limit: 1
+    container:
+      image: busybox
+      command: [sh, -c]
+      args: ["echo try-{{retries}}; if [ {{retries}} = 0 ]; then exit 3; fi; sleep 300"]
+"#;
 
 async fn submit(client: &Client, text: &str) -> PipelineRunView {
     client
@@ -187,4 +209,61 @@ async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
         Some("second")
     );
     assert_eq!(fresh.image_id.as_deref(), Some(second.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_a_step_by_name_and_try() {
+    init_tracing();
+    require_images();
+    let node = unique_node("steplogs");
+    let _cleanup = Cleanup(node.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
+    let client = coordinator.client();
+    let (_agent, _) = start_agent(
+        agent_config(&coordinator.url, &node, &dir.path().join("work"), 2),
+        2,
+    )
+    .await;
+    let run = submit(&client, TALKER).await.id;
+    let id = run.to_string();
+    // The second try runs (and waits) once the first failed.
+    let jobs = wait_for("the second try to run", STARTUP, || async {
+        let v = client.pipeline(run).await.ok()?;
+        let talk = v.nodes.iter().find(|n| n.name.ends_with(".talk"))?;
+        (talk.jobs.len() == 2 && talk.phase == "Running").then(|| talk.jobs.clone())
+    })
+    .await;
+    let said = wait_for("the second try to talk", STARTUP, || async {
+        let (code, out, _) = nightshift(&coordinator.url, &["logs", &id, "talk"]).await;
+        (code == 0 && !out.is_empty()).then_some(out)
+    })
+    .await;
+    assert_eq!(said, "try-1\n");
+    let (code, out, err) = nightshift(
+        &coordinator.url,
+        &["logs", &id, "talk", "--attempt", "2", "--tail", "1"],
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "try-1\n"), "{err}");
+
+    // The first try's container is gone with its lease: the job's own answer, by its id.
+    let (code, _, err) =
+        nightshift(&coordinator.url, &["logs", &id, "talk", "--attempt", "1"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("job {} is failed and has no container", jobs[0])),
+        "{err}"
+    );
+
+    let (code, _, err) =
+        nightshift(&coordinator.url, &["logs", &id, "talk", "--attempt", "3"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("has 2 tries"), "{err}");
+    let (code, _, err) = nightshift(&coordinator.url, &["logs", &id, "shout"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("has no step shout; its steps: talk"), "{err}");
+    let (code, _, err) = nightshift(&coordinator.url, &["logs", "999", "talk"]).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("pipeline run 999 not found"), "{err}");
 }
