@@ -559,7 +559,8 @@ async fn read_file_and_stdout_read_what_an_exited_container_left() -> Result<()>
     let t = Fixture::new("readfile").await?;
     let spec = t.spec(
         "c",
-        "printf 'hello world' > /tmp/out.txt; head -c 2048 /dev/zero > /tmp/big; mkdir /tmp/d; \
+        "printf 'hello world' > /tmp/out.txt; head -c 2048 /dev/zero > /tmp/big; mkdir /tmp/d /tmp/full; \
+         echo inside > /tmp/full/f; \
          echo to-stderr >&2; echo 0123456789",
     );
     let id = t.engine.run(&spec).await?;
@@ -571,6 +572,8 @@ async fn read_file_and_stdout_read_what_an_exited_container_left() -> Result<()>
     assert_eq!(read.as_deref(), Some(&b"hello world"[..]));
     assert_eq!(t.engine.read_file(&id, "/tmp/missing", 1024).await?, None);
     assert_eq!(t.engine.read_file(&id, "/tmp/d", 1024).await?, None);
+    // A directory is not a file, even when it holds one.
+    assert_eq!(t.engine.read_file(&id, "/tmp/full", 1024).await?, None);
     let err = t.engine.read_file(&id, "/tmp/big", 1024).await.unwrap_err();
     assert!(
         matches!(

@@ -371,14 +371,18 @@ enum TarError {
     Read(std::io::Error),
 }
 
-/// The content of the first regular file of a tar archive; `None` when it holds none (the
-/// path was a directory).
+/// The content of the first regular file of a tar archive; `None` when it holds none or
+/// starts with a directory (the path was a directory: none of its files is "the" file).
 fn first_file(archive: &[u8], limit: u64) -> Result<Option<Vec<u8>>, TarError> {
     use std::io::Read;
     let mut tar = tar::Archive::new(archive);
     for entry in tar.entries().map_err(TarError::Read)? {
         let mut entry = entry.map_err(TarError::Read)?;
-        if !entry.header().entry_type().is_file() {
+        let kind = entry.header().entry_type();
+        if kind.is_dir() {
+            return Ok(None);
+        }
+        if !kind.is_file() {
             continue;
         }
         if entry.size() > limit {

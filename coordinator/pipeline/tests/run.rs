@@ -520,4 +520,19 @@ fn artifacts_pass_a_file_from_one_step_to_the_next() {
     let sim = Sim::new("artifact-passing.yaml", &[]).drive(|_| (1000, ok("")));
     assert_eq!(sim.run.phase, Phase::Failed);
     assert_eq!(sim.launched.len(), 1);
+    // The message says what an artifact may be (the agent drops a directory or a big file).
+    let producer = sim
+        .run
+        .nodes
+        .iter()
+        .find(|n| n.name.ends_with(".generate-artifact"))
+        .expect("the producing step");
+    assert_eq!(
+        producer.message.as_deref(),
+        Some(
+            "output artifact hello-art: /tmp/hello_world.txt was not found in the container, \
+             or is a directory or larger than 64 KiB (outputs and artifacts pass between steps \
+             as one file of at most 64 KiB, through the coordinator)"
+        )
+    );
 }

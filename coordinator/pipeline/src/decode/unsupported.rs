@@ -5,11 +5,11 @@
 pub(super) const UNSUPPORTED_SPEC: &[(&str, &str)] = &[
     (
         "volumes",
-        "volumes are Kubernetes objects; pass files as artifacts or through shared storage",
+        "volumes are Kubernetes objects; pass small files as artifacts, larger data through storage the container reaches itself, its location a parameter",
     ),
     (
         "volumeClaimTemplates",
-        "volumes are Kubernetes objects; pass files as artifacts or through shared storage",
+        "volumes are Kubernetes objects; pass small files as artifacts, larger data through storage the container reaches itself, its location a parameter",
     ),
     (
         "nodeSelector",
@@ -39,11 +39,11 @@ pub(super) const UNSUPPORTED_SPEC: &[(&str, &str)] = &[
     ("ttlStrategy", "runs are kept in the coordinator's store"),
     (
         "artifactRepositoryRef",
-        "artifacts go through the run's shared storage, not a repository",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
     ),
     (
         "artifactGC",
-        "artifacts go through the run's shared storage, not a repository",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
     ),
     (
         "workflowTemplateRef",
@@ -117,7 +117,7 @@ pub(super) const UNSUPPORTED_TEMPLATE: &[(&str, &str)] = &[
     ("podSpecPatch", "pods do not exist outside Kubernetes"),
     (
         "archiveLocation",
-        "artifacts go through the run's shared storage",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
     ),
     (
         "priority",
@@ -187,11 +187,11 @@ pub(super) const UNSUPPORTED_CONTAINER: &[(&str, &str)] = &[
 pub(super) const UNSUPPORTED_ARTIFACT: &[(&str, &str)] = &[
     (
         "s3",
-        "artifacts go through the run's shared storage, not S3",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each), not S3",
     ),
     (
         "gcs",
-        "artifacts go through the run's shared storage, not GCS",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each), not GCS",
     ),
     (
         "git",
@@ -203,27 +203,42 @@ pub(super) const UNSUPPORTED_ARTIFACT: &[(&str, &str)] = &[
     ),
     (
         "artifactory",
-        "artifacts go through the run's shared storage",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
     ),
-    ("hdfs", "artifacts go through the run's shared storage"),
-    ("oss", "artifacts go through the run's shared storage"),
-    ("azure", "artifacts go through the run's shared storage"),
+    (
+        "hdfs",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
+    ),
+    (
+        "oss",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
+    ),
+    (
+        "azure",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
+    ),
     (
         "raw",
         "raw artifacts are not supported; write the file in the command",
     ),
     (
         "archive",
-        "artifacts are stored as plain files, never archived",
+        "artifacts pass as plain files (at most 64 KiB), never archived",
     ),
     ("optional", "optional artifacts are not supported"),
     ("mode", "artifact file modes are not supported"),
     ("globalName", "global artifacts are not supported"),
-    ("recurseMode", "artifact directories are not supported"),
+    (
+        "recurseMode",
+        "artifact directories are not supported; an artifact is one file of at most 64 KiB",
+    ),
     ("subPath", "artifact sub-paths are not supported"),
     (
         "artifactGC",
-        "artifacts go through the run's shared storage",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
     ),
-    ("deleted", "artifacts go through the run's shared storage"),
+    (
+        "deleted",
+        "artifacts pass between steps through the coordinator (one file of at most 64 KiB each); there is no artifact repository",
+    ),
 ];

@@ -578,7 +578,9 @@ impl Run {
                     Some((name, path)) => (
                         Phase::Failed,
                         Some(format!(
-                            "output {name}: {path} was not found in the container"
+                            "output {name}: {path} was not found in the container, or is a \
+                             directory or larger than 64 KiB (outputs and artifacts pass between \
+                             steps as one file of at most 64 KiB, through the coordinator)"
                         )),
                     ),
                 }
