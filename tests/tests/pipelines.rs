@@ -135,9 +135,14 @@ fn check_steps(file: &str, view: &PipelineRunView) {
         }
         _ => {}
     }
-    // Every finished container step ran as exactly one job per attempt.
+    // Every finished container step ran as exactly one job per attempt, and one that
+    // succeeded has the image it ran recorded, by ID.
     for n in view.nodes.iter().filter(|n| !n.jobs.is_empty()) {
         assert_eq!(n.jobs.len() as u32, n.retries + 1, "{file}: {n:?}");
+        if n.phase == "Succeeded" {
+            let id = n.image_id.as_deref().unwrap_or_default();
+            assert!(id.starts_with("sha256:"), "{file}: {n:?}");
+        }
     }
 }
 
