@@ -370,28 +370,36 @@ impl Store {
     }
 
     /// Records the image ID each `(job, attempt, image_id)` ran on `node`; the first report
-    /// of an attempt stands. Returns how many were new.
+    /// of an attempt stands. Every heartbeat repeats them, so the known ones cost one indexed
+    /// read each, and the new ones of a call one transaction. Returns how many were new.
     pub fn record_images(
         &self,
         node: &str,
         runs: &[(u64, u32, String)],
         now: UnixMillis,
     ) -> Result<usize, StoreError> {
-        let mut new = 0;
-        for (job, attempt, image_id) in runs {
-            let known: Option<i64> = self
+        let mut new = Vec::new();
+        {
+            let mut known = self
                 .conn
                 .prepare_cached("SELECT 1 FROM job_images WHERE job = ?1 AND attempt = ?2")
-                .and_then(|mut s| {
-                    s.query_row(params![*job as i64, *attempt as i64], |r| r.get(0))
-                        .optional()
-                })
                 .map_err(|e| self.sql(e))?;
-            if known.is_some() {
-                continue;
+            for run @ (job, attempt, _) in runs {
+                let seen = known
+                    .exists(params![*job as i64, *attempt as i64])
+                    .map_err(|e| self.sql(e))?;
+                if !seen {
+                    new.push(run);
+                }
             }
-            new += self
-                .conn
+        }
+        if new.is_empty() {
+            return Ok(0);
+        }
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.sql(e))?;
+        let mut added = 0;
+        for (job, attempt, image_id) in new {
+            added += tx
                 .execute(
                     "INSERT INTO job_images (job, attempt, node, image_id, recorded_at)
                      VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
@@ -399,7 +407,8 @@ impl Store {
                 )
                 .map_err(|e| self.sql(e))?;
         }
-        Ok(new)
+        tx.commit().map_err(|e| self.sql(e))?;
+        Ok(added)
     }
 
     /// The image ID of each of `jobs` that has one: its newest attempt's.

@@ -566,7 +566,8 @@ fn absorb(state: &mut AgentState, desired: &DesiredNode) {
                     state: JobRunState::Running,
                     last_checkpoint_at: None,
                     outputs: Default::default(),
-                    image_id: None,
+                    // As a real agent reports it: the coordinator records it once per attempt.
+                    image_id: Some(format!("sha256:{:064x}", l.job_id)),
                 },
                 0,
             ));
