@@ -61,8 +61,11 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let (readiness_url, agent_url) = match readiness {
         Some(listener) => {
             let addr = listener.local_addr()?;
-            let app = crate::readiness::router(shared.clone())
-                .merge(crate::logs::router(engine.clone(), &node));
+            let app = crate::readiness::router(shared.clone()).merge(crate::logs::router(
+                engine.clone(),
+                &node,
+                &cfg.work_dir,
+            ));
             tasks.spawn(async move {
                 if let Err(e) = axum::serve(listener, app).await {
                     tracing::error!(error = %e, "readiness endpoint failed");

@@ -371,6 +371,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             if leased || !matches!(c.state, ContainerState::Exited { .. }) {
                 continue;
             }
+            // Its output outlives it: `nightshift logs` answers from the kept copy.
+            if let Err(e) = crate::logs::archive(&*self.engine, &self.cfg.work_dir, c).await {
+                tracing::warn!(node = %self.node(), container = %c.name, error = %e, "keeping a finished job's output failed");
+            }
             if let Err(e) = self.engine.remove(&c.id).await {
                 tracing::warn!(node = %self.node(), container = %c.name, error = %e, "removing a finished job failed");
                 continue;

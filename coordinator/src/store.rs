@@ -270,6 +270,18 @@ impl Store {
         Ok(snapshot)
     }
 
+    /// The node of a job's most recent ended lease: where its last attempt's output is kept.
+    pub fn last_node_of(&self, job_id: u64) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT node FROM usage WHERE job_id = ?1 ORDER BY lease_id DESC LIMIT 1",
+                [job_id as i64],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+
     /// Every ended lease that overlaps `[since, until)`.
     pub fn usage(&self, since: UnixMillis, until: UnixMillis) -> Result<Vec<Usage>, StoreError> {
         let mut stmt = self

@@ -84,6 +84,25 @@ async fn logs_from_the_start_the_tail_and_following() {
         "what the job wrote after the follow began: {followed}"
     );
 
+    // Once the job has ended and its container is removed, the agent's kept copy answers.
+    wait_for("the job to end", STARTUP, || async {
+        let j = client.job(job.id).await.ok()?;
+        (j.state == JobState::Cancelled).then_some(())
+    })
+    .await;
+    wait_for("its container to be removed", STARTUP, || async {
+        containers(&node, "job").is_empty().then_some(())
+    })
+    .await;
+    let (code, kept, err) = nightshift(&coordinator.url, &["logs", &id]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(kept.starts_with("toy-trainer: job="), "{kept}");
+    assert!(kept.contains("received SIGTERM"), "{kept}");
+    let (code, last, err) = nightshift(&coordinator.url, &["logs", &id, "--tail", "1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(last.lines().count(), 1, "{last}");
+    assert!(kept.ends_with(&last), "{last} is the end of {kept}");
+
     let (code, _, err) = nightshift(&coordinator.url, &["logs", "999"]).await;
     assert_eq!(code, 1);
     assert!(err.contains("job 999 not found"), "{err}");

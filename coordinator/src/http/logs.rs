@@ -1,5 +1,7 @@
 //! `GET /v1/jobs/{id}/logs?tail=N&follow=bool`: a job's container output, proxied from the
-//! agent of the node that holds the job's lease (the agent streams it from Docker).
+//! agent of the node that holds the job's lease (the agent streams it from Docker), or, for
+//! a job with no lease now, from the node of its last ended lease (the agent keeps a
+//! finished attempt's output).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,20 +35,30 @@ pub async fn logs(
         HttpError::new(StatusCode::NOT_FOUND, format!("job {id} not found"), None)
     })?;
     // A gang's logs are its rank-0 member's.
-    let Some(lease) = job.leases.into_iter().next() else {
-        return Err(HttpError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "job {id} is {} and has no container on any node now",
-                job.state.as_str()
-            ),
-            None,
-        ));
+    let node = match job.leases.into_iter().next() {
+        Some(lease) => lease.node,
+        None => {
+            let last = cluster
+                .read_store(|store, _, _| store.last_node_of(id))
+                .map_err(|e| {
+                    HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None)
+                })?;
+            last.ok_or_else(|| {
+                HttpError::new(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "job {id} is {} and has not run on any node yet",
+                        job.state.as_str()
+                    ),
+                    None,
+                )
+            })?
+        }
     };
-    let agent = cluster.agent_url(&lease.node).ok_or_else(|| {
+    let agent = cluster.agent_url(&node).ok_or_else(|| {
         HttpError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("the agent of node {} has not told its url yet", lease.node),
+            format!("the agent of node {node} has not told its url yet"),
             None,
         )
     })?;
@@ -61,7 +73,7 @@ pub async fn logs(
     let unreachable = |e: reqwest::Error| {
         HttpError::new(
             StatusCode::BAD_GATEWAY,
-            format!("the agent of node {} at {agent}: {e}", lease.node),
+            format!("the agent of node {node} at {agent}: {e}"),
             None,
         )
     };
@@ -76,7 +88,7 @@ pub async fn logs(
         let body = response.text().await.unwrap_or_default();
         return Err(HttpError::new(status, body.trim().to_owned(), None));
     }
-    tracing::info!(job.id = id, node = %lease.node, follow = q.follow, tail = ?q.tail, "proxying job logs");
+    tracing::info!(job.id = id, node = %node, follow = q.follow, tail = ?q.tail, "proxying job logs");
     let chunks = futures_util::stream::unfold(response, |mut r| async move {
         match r.chunk().await {
             Ok(Some(bytes)) => Some((Ok::<_, std::io::Error>(bytes), r)),
