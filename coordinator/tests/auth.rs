@@ -26,6 +26,40 @@ impl Write for Captured {
     }
 }
 
+/// The test run's log directory (the layout of `nightshift_tests::secrets`, which this crate
+/// cannot depend on): `$NIGHTSHIFT_TEST_LOGS`, else `test-logs/` beside `deps/`.
+fn run_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("NIGHTSHIFT_TEST_LOGS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().unwrap();
+            exe.parent().unwrap().parent().unwrap().join("test-logs")
+        });
+    std::fs::create_dir_all(dir.join("secrets")).unwrap();
+    dir
+}
+
+/// Hands this run's logs and secrets (tokens, and each PEM body line of the keys) to the
+/// end-of-run scan of `tests/run.sh`.
+fn hand_to_the_run_scan(logs: &[u8], secrets: &[String]) {
+    let dir = run_dir();
+    let pid = std::process::id();
+    std::fs::write(dir.join(format!("coordinator-auth-{pid}.log")), logs).unwrap();
+    let mut lines = String::new();
+    for secret in secrets {
+        for line in secret.lines().filter(|l| !l.starts_with("-----")) {
+            lines.push_str(line.trim());
+            lines.push('\n');
+        }
+    }
+    std::fs::write(
+        dir.join("secrets")
+            .join(format!("coordinator-auth-{pid}.txt")),
+        lines,
+    )
+    .unwrap();
+}
+
 struct Https {
     addr: String,
     config: Arc<rustls::ClientConfig>,
@@ -236,6 +270,17 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
 
     // The audit log names who did what; no token and no key is in any log line.
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let server_key = std::fs::read_to_string(dir.path().join("c.key")).unwrap();
+    hand_to_the_run_scan(
+        logs.as_bytes(),
+        &[
+            admin.clone(),
+            nlp.clone(),
+            vision.clone(),
+            std::fs::read_to_string(&ca_key).unwrap(),
+            server_key,
+        ],
+    );
     assert!(
         logs.contains("nightshift::audit") && logs.contains("alice"),
         "no audit lines: {logs}"
