@@ -249,6 +249,7 @@ mod tests {
                 retry: Default::default(),
                 capture: Default::default(),
                 files: Vec::new(),
+                sandbox: Default::default(),
             },
             rendezvous: None,
         }

@@ -618,6 +618,7 @@ pub(crate) mod fake {
             retry: Default::default(),
             capture: Default::default(),
             files: Vec::new(),
+            sandbox: Default::default(),
         }
     }
 

@@ -251,6 +251,9 @@ impl CoordinatorConfig {
                 "must be a number >= 0",
             );
         }
+        if let Err((key, rule)) = self.policy.validate() {
+            return invalid(key, &rule);
+        }
         if self.services.is_empty() {
             return invalid("services".into(), "at least one service is needed");
         }

@@ -156,6 +156,7 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
     let access = http::access_for(&cfg, cluster.clone()).unwrap();
     let policy = PolicyConfig {
         allowed_images: vec!["registry.example/".into()],
+        host_mount_allowlist: vec!["/datasets".into()],
         ..PolicyConfig::default()
     };
     let app = http::app(cluster.clone(), access, policy);
@@ -215,6 +216,45 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
         .await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("policy.allowed_images"), "{body}");
+
+    // The sandbox section: a privileged container is refused for a researcher naming the
+    // rule, and an admin's token waives it (audited); a mount under the allowlist passes.
+    let sandboxed = |name: &str, sandbox: &str| {
+        format!(
+            r#"{{"name":"{name}","image":"registry.example/t:1","gpus":1,"sandbox":{sandbox}}}"#
+        )
+    };
+    let privileged = sandboxed("p2", r#"{"privileged":true}"#);
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&nlp), &privileged)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains(
+            "policy.allow_privileged: sandbox.privileged: a privileged container is not allowed"
+        ) && body.contains(r#""field":"sandbox.privileged""#),
+        "{body}"
+    );
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&admin), &privileged)
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert!(body.contains(r#""privileged":true"#), "{body}");
+    let mount = |host: &str| {
+        sandboxed(
+            "m",
+            &format!(r#"{{"mounts":[{{"host":"{host}","path":"/data"}}]}}"#),
+        )
+    };
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&nlp), &mount("/datasets/imagenet"))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&nlp), &mount("/etc"))
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("policy.host_mount_allowlist"), "{body}");
 
     // Everyone sees every queue.
     let (status, body) = client.call("GET", "/v1/jobs", Some(&nlp), "").await;
@@ -284,6 +324,13 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
     assert!(
         logs.contains("nightshift::audit") && logs.contains("alice"),
         "no audit lines: {logs}"
+    );
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("job policy waived by an admin token")
+                && l.contains("ops")
+                && l.contains("policy.allow_privileged")),
+        "no audit line for the waiver"
     );
     for secret in [&admin, &nlp, &vision] {
         assert!(!logs.contains(secret.as_str()), "a token is in the logs");
