@@ -156,6 +156,7 @@ pub fn container_spec(
             .iter()
             .map(|f| (f.path.clone(), f.content.clone().into_bytes()))
             .collect(),
+        sandbox: job.sandbox.clone(),
     }
 }
 
