@@ -520,6 +520,32 @@ mod tests {
     }
 
     #[test]
+    fn a_relative_mount_allowlist_entry_is_refused_at_its_line() {
+        let (_d, path) = write(
+            "[policy]\nallow_host_network = true\nhost_mount_allowlist = [\"/datasets\", \"scratch\"]\n\
+             [policy.teams.vision]\nmax_gpus = 32\n",
+        );
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: line 3: policy.host_mount_allowlist[1]: must be an absolute path",
+                path.display()
+            )
+        );
+        let (_d, path) = write("[policy.teams.vision]\nmax_gpu = 32\n");
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("unknown field `max_gpu`"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn policies_that_cannot_hold_are_refused_by_name() {
         let cases = [
             (
