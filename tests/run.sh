@@ -27,7 +27,13 @@ fi
 
 bash tests/images/build.sh
 cargo build --workspace --bins
+
+# Every test logs under one directory and records the tokens and keys it creates there; after
+# the run, nightshift-logscan fails if any log line holds one (tests/src/secrets.rs).
+export NIGHTSHIFT_TEST_LOGS="$root/target/test-logs"
+rm -rf "$NIGHTSHIFT_TEST_LOGS"
 cargo test --workspace "$@"
+cargo run -q -p nightshift-tests --bin nightshift-logscan -- "$NIGHTSHIFT_TEST_LOGS"
 
 # The packages: build the .deb and .rpm (a release build; cargo-deb and cargo-generate-rpm
 # are installed when missing), check them, install, validate and purge the .debs.

@@ -30,6 +30,9 @@ pub struct ContainerSpec {
     pub stop_signal: Option<String>,
     /// Files placed in the container before it starts: absolute path, content.
     pub files: Vec<(String, Vec<u8>)>,
+    /// What a job's accepted `sandbox:` grants beyond an unprivileged container: host
+    /// namespaces, capabilities, devices and host mounts.
+    pub sandbox: nightshift_common::Sandbox,
 }
 
 /// How a container is given its GPUs.

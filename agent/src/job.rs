@@ -156,6 +156,7 @@ pub fn container_spec(
             .iter()
             .map(|f| (f.path.clone(), f.content.clone().into_bytes()))
             .collect(),
+        sandbox: job.sandbox.clone(),
     }
 }
 
@@ -249,6 +250,7 @@ mod tests {
                 retry: Default::default(),
                 capture: Default::default(),
                 files: Vec::new(),
+                sandbox: Default::default(),
             },
             rendezvous: None,
         }

@@ -36,6 +36,7 @@ pub fn container_spec(cfg: &AgentConfig, node: &str, gpus: GpuAccess) -> Contain
         }),
         files: Vec::new(),
         stop_signal: Some("SIGTERM".to_owned()),
+        sandbox: Default::default(),
     }
 }
 

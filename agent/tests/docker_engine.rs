@@ -112,6 +112,59 @@ async fn visible_devices_env_sets_both_variables_and_requests_no_device() -> Res
 }
 
 #[tokio::test]
+async fn an_accepted_sandbox_mounts_read_only_and_adds_what_it_names() -> Result<()> {
+    let t = Fixture::new("sandbox").await?;
+    let host = tempfile::tempdir()?;
+    std::fs::write(host.path().join("shard-0.txt"), "dataset-bytes")?;
+    let mut spec = t.spec(
+        "c",
+        "cat /data/shard-0.txt; echo; \
+         if echo x > /data/new 2>/dev/null; then echo WRITABLE; else echo READ-ONLY; fi; \
+         grep CapEff /proc/self/status; echo pid1=$(cat /proc/1/comm); sleep 1000",
+    );
+    spec.sandbox = nightshift_common::Sandbox {
+        cap_add: vec!["NET_ADMIN".into()],
+        host_pid: true,
+        mounts: vec![nightshift_common::Mount {
+            host: host.path().display().to_string(),
+            path: "/data".into(),
+            read_only: true,
+        }],
+        ..Default::default()
+    };
+    let id = t.engine.run(&spec).await?;
+    t.wait_for_log(&id, "pid1=").await?;
+    let logs = t.engine.logs(&id, None).await?;
+    assert!(logs.contains("dataset-bytes"), "{logs}");
+    assert!(logs.contains("READ-ONLY"), "{logs}");
+    assert!(
+        !host.path().join("new").exists(),
+        "the job wrote to the host"
+    );
+
+    let raw = t.docker.inspect_container(&id, None).await?;
+    let host_config = raw.host_config.unwrap_or_default();
+    assert_eq!(host_config.cap_add, Some(vec!["NET_ADMIN".to_owned()]));
+    assert_eq!(host_config.pid_mode.as_deref(), Some("host"));
+    assert_ne!(host_config.privileged, Some(true));
+    let mounts = raw.mounts.unwrap_or_default();
+    let data = mounts
+        .iter()
+        .find(|m| m.destination.as_deref() == Some("/data"))
+        .context("no /data mount")?;
+    assert_eq!(data.rw, Some(false), "{data:?}");
+    // CAP_NET_ADMIN is bit 12 of the effective set; the host's PID 1 is not docker-init.
+    let cap_eff = logs
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .context("no CapEff line")?;
+    let caps = u64::from_str_radix(cap_eff.trim(), 16)?;
+    assert_ne!(caps & (1 << 12), 0, "NET_ADMIN not effective: {cap_eff}");
+    assert!(!logs.contains("pid1=docker-init"), "{logs}");
+    t.cleanup().await
+}
+
+#[tokio::test]
 async fn stop_kills_after_the_grace_period_or_returns_when_the_workload_exits() -> Result<()> {
     let t = Fixture::new("stop").await?;
     let grace = Duration::from_secs(2);

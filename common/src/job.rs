@@ -45,6 +45,9 @@ pub struct JobSpec {
     /// Small files placed in the container before it starts (pipeline artifacts).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<JobFile>,
+    /// Privileges beyond an unprivileged container, each refused unless policy allows it.
+    #[serde(default, skip_serializing_if = "crate::sandbox::Sandbox::is_default")]
+    pub sandbox: crate::sandbox::Sandbox,
 }
 
 fn one() -> u32 {
@@ -234,6 +237,7 @@ impl JobSpec {
             retry: RetryPolicy::default(),
             capture: Capture::default(),
             files: Vec::new(),
+            sandbox: Default::default(),
         }
     }
 
@@ -266,6 +270,7 @@ impl JobSpec {
                 format!("must be at most {MAX_RETRIES}"),
             ));
         }
+        self.sandbox.validate()?;
         if self.retry.backoff_factor == 0 {
             return Err(SpecError::new("retry.backoffFactor", "must be at least 1"));
         }
@@ -363,6 +368,7 @@ mod tests {
             retry: RetryPolicy::default(),
             capture: Default::default(),
             files: Vec::new(),
+            sandbox: Default::default(),
         }
     }
 

@@ -9,11 +9,13 @@ pub mod api;
 pub mod job;
 pub mod labels;
 pub mod pipeline;
+pub mod sandbox;
 
 pub use agent::*;
 pub use api::*;
 pub use job::*;
 pub use pipeline::*;
+pub use sandbox::{Mount, Sandbox};
 
 /// Milliseconds since the Unix epoch. The coordinator's core takes time only as this value,
 /// passed in by its caller.

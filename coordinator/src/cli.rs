@@ -55,6 +55,11 @@ pub struct Cli {
     )]
     pub token: Option<Secret>,
 
+    /// The cluster CA (ca.pem of `nightshift-coordinator tls init`): needed for an
+    /// https:// coordinator, whose certificate it must sign.
+    #[arg(long, global = true, env = "NIGHTSHIFT_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
     /// How to print results.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
@@ -82,7 +87,8 @@ impl std::str::FromStr for Secret {
 
 /// The client for the coordinator the command line names, with its token.
 fn client(cli: &Cli) -> Result<Client, ClientError> {
-    Ok(Client::new(&cli.coordinator)?.with_token(cli.token.as_ref().map(|t| t.0.clone())))
+    Ok(Client::with_ca(&cli.coordinator, cli.ca.as_deref())?
+        .with_token(cli.token.as_ref().map(|t| t.0.clone())))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -367,7 +373,7 @@ async fn execute(
             let (shown, text) = read_text(file, stdin)?;
             if crate::workflows::is_workflow(&text) {
                 return crate::workflows::submit(
-                    &cli.coordinator,
+                    &client(cli)?,
                     &shown,
                     &text,
                     parameters,
@@ -395,13 +401,13 @@ async fn execute(
             })?;
         }
         Command::Get { run } => {
-            let view = Client::new(&cli.coordinator)?.pipeline(*run).await?;
+            let view = client(cli)?.pipeline(*run).await?;
             print(out, json, &view, || {
                 crate::workflows::render_run(&view, now_ms())
             })?;
         }
         Command::Rerun { run } => {
-            let view = Client::new(&cli.coordinator)?.rerun_pipeline(*run).await?;
+            let view = client(cli)?.rerun_pipeline(*run).await?;
             print(out, json, &view, || {
                 format!(
                     "started pipeline run {} ({}) as a rerun of {run}\n",
@@ -438,7 +444,7 @@ async fn execute(
             follow,
             tail,
         } => {
-            let client = Client::new(&cli.coordinator)?;
+            let client = client(cli)?;
             let job = match step {
                 Some(step) => {
                     let run = client.pipeline(*id).await?;
@@ -465,9 +471,7 @@ async fn execute(
                 time("since", since.as_deref())?,
                 time("until", until.as_deref())?,
             );
-            let report = Client::new(&cli.coordinator)?
-                .report(since, until, by.as_deref())
-                .await?;
+            let report = client(cli)?.report(since, until, by.as_deref()).await?;
             print(out, json, &report, || render_report(&report))?;
         }
     }

@@ -1,5 +1,9 @@
 //! A typed async client for the coordinator's HTTP API, used by the `nightshift` CLI.
 //!
+//! Plain HTTP, or HTTPS that trusts only the cluster CA given to [`Client::with_ca`]
+//! (`--ca` / `NIGHTSHIFT_CA`): hyper with rustls on ring, as the agent's uplink, so that
+//! reqwest's TLS (and its crypto provider) stays out of the build.
+//!
 //! Every call has a connect timeout ([`CONNECT_TIMEOUT`]) and a whole-request timeout
 //! ([`REQUEST_TIMEOUT`]), so the CLI never hangs on a coordinator that is gone. Errors say
 //! what went wrong in terms a user can act on: an unreachable coordinator names the URL and
@@ -7,8 +11,15 @@
 //! included.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use nightshift_common::{ApiError, JobList, JobSpec, JobView, NodeList};
 use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
@@ -30,27 +41,39 @@ pub enum ClientError {
     #[error(
         "cannot reach the coordinator at {url}: {} (is nightshift-coordinator running? \
          set --coordinator or NIGHTSHIFT_URL)",
-        describe_transport(.source)
+        describe_transport(.source.as_ref())
     )]
     Unreachable {
         url: String,
         #[source]
-        source: reqwest::Error,
+        source: TransportError,
     },
+
+    /// The TLS handshake failed: most often a certificate the CA in use does not sign.
+    #[error(
+        "tls handshake with the coordinator at {url} failed: {reason} (the coordinator's \
+         certificate was checked against the CA in {}; set --ca or NIGHTSHIFT_CA to the \
+         cluster CA, ca.pem of `nightshift-coordinator tls init`)",
+        .ca.display()
+    )]
+    Tls {
+        url: String,
+        ca: PathBuf,
+        reason: String,
+    },
+
+    /// `--ca`: the CA file cannot be read or holds no usable certificate.
+    #[error("{0}")]
+    Ca(String),
 
     #[error("the coordinator did not answer {request} within {after:?}")]
-    Timeout {
-        request: String,
-        after: Duration,
-        #[source]
-        source: reqwest::Error,
-    },
+    Timeout { request: String, after: Duration },
 
-    #[error("{request} failed: {}", describe_transport(.source))]
+    #[error("{request} failed: {}", describe_transport(.source.as_ref()))]
     Transport {
         request: String,
         #[source]
-        source: reqwest::Error,
+        source: TransportError,
     },
 
     /// The coordinator refused the request with its usual error body.
@@ -101,12 +124,31 @@ fn display_api(status: StatusCode, error: &ApiError) -> String {
     }
 }
 
+/// The cause of a failed connection or exchange (hyper's, or the TLS layer's).
+pub type TransportError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The TLS error in `err`'s chain, if the failure was the handshake's.
+fn tls_cause<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        // An io::Error's source() skips the error it wraps: follow that one instead.
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
+}
+
 /// A short cause for a transport failure: the innermost error, in plain words where the OS
 /// error has a well-known meaning ("connection refused" rather than "os error 111").
-fn describe_transport(err: &reqwest::Error) -> String {
-    if err.is_timeout() {
-        return "timed out".to_owned();
-    }
+fn describe_transport(err: &(dyn std::error::Error + 'static)) -> String {
     let mut innermost: &dyn std::error::Error = err;
     let mut io_kind = None;
     while let Some(next) = innermost.source() {
@@ -128,7 +170,9 @@ fn describe_transport(err: &reqwest::Error) -> String {
 /// A client for one coordinator. Cheap to clone; clones share a connection pool.
 #[derive(Clone)]
 pub struct Client {
-    http: reqwest::Client,
+    http: hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The CA the coordinator's certificate is checked against (`https://` only).
+    ca: Option<PathBuf>,
     /// Always ends with `/`, so that relative API paths join below it.
     base: Url,
     /// The base as the user would write it, for messages.
@@ -149,13 +193,21 @@ impl fmt::Debug for Client {
 impl Client {
     /// A client for the coordinator at `base_url`, e.g. `http://127.0.0.1:7400`. A path is
     /// kept as a prefix (`http://gw/nightshift` talks to `http://gw/nightshift/v1/jobs`).
+    /// An `https://` URL needs [`Client::with_ca`].
     pub fn new(base_url: &str) -> Result<Self, ClientError> {
-        Self::with_timeouts(base_url, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+        Self::with_timeouts(base_url, None, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
     }
 
-    /// [`Client::new`] with other timeouts than the defaults.
+    /// A client that, for an `https://` coordinator, trusts only the CA certificates of
+    /// `ca` (the cluster CA); `None` behaves as [`Client::new`].
+    pub fn with_ca(base_url: &str, ca: Option<&Path>) -> Result<Self, ClientError> {
+        Self::with_timeouts(base_url, ca, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+    }
+
+    /// [`Client::with_ca`] with other timeouts than the defaults.
     pub fn with_timeouts(
         base_url: &str,
+        ca: Option<&Path>,
         connect: Duration,
         request: Duration,
     ) -> Result<Self, ClientError> {
@@ -167,10 +219,14 @@ impl Client {
             return Err(invalid("expected http://host:port"));
         }
         let mut base = Url::parse(base_url.trim()).map_err(|e| invalid(&e.to_string()))?;
-        match base.scheme() {
-            "http" => {}
-            "https" => return Err(invalid("https is not supported by this build; use http://")),
-            _ => return Err(invalid("the scheme must be http://")),
+        match (base.scheme(), ca) {
+            ("http", _) | ("https", Some(_)) => {}
+            ("https", None) => {
+                return Err(invalid(
+                    "https needs the cluster CA: set --ca FILE or NIGHTSHIFT_CA",
+                ));
+            }
+            _ => return Err(invalid("the scheme must be http:// or https://")),
         }
         if base.host_str().is_none_or(str::is_empty) {
             return Err(invalid("a host is required"));
@@ -186,14 +242,10 @@ impl Client {
             base.set_path(&path);
         }
         let shown = base.as_str().trim_end_matches('/').to_owned();
-        let http = reqwest::Client::builder()
-            .connect_timeout(connect)
-            .timeout(request)
-            .user_agent(concat!("nightshift/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| invalid(&describe_transport(&e)))?;
+        let http = http_client(ca, connect)?;
         Ok(Self {
             http,
+            ca: ca.map(Path::to_owned),
             base,
             shown,
             request_timeout: request,
@@ -253,28 +305,30 @@ impl Client {
             reason: e.to_string(),
         })?;
         let request = format!("GET {url}");
-        let mut builder = self.http.get(url);
-        if follow {
-            // Followed logs last as long as the job; only the connection is bounded.
-            builder = builder.timeout(Duration::from_secs(365 * 24 * 3600));
-        }
-        let mut response = builder
-            .send()
-            .await
-            .map_err(|e| self.transport(&request, e))?;
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let response = self
+            .exchange(&request, Method::GET, url, None, deadline)
+            .await?;
         let status = response.status();
+        let mut body = response.into_body();
         if !status.is_success() {
-            let body = response
-                .bytes()
-                .await
-                .map_err(|e| self.transport(&request, e))?;
-            return Err(error_from_body(request, status, &body));
+            let bytes = self.body(&request, body, deadline).await?;
+            return Err(error_from_body(request, status, &bytes));
         }
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| self.transport(&request, e))?
-        {
+        loop {
+            // Followed logs last as long as the job; only the connection is bounded.
+            let frame = if follow {
+                body.frame().await
+            } else {
+                tokio::time::timeout_at(deadline, body.frame())
+                    .await
+                    .map_err(|_| self.timeout(&request))?
+            };
+            let Some(frame) = frame else { break };
+            let frame = frame.map_err(|e| self.transport(&request, Box::new(e)))?;
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
             out.write_all(&chunk).map_err(|e| ClientError::Status {
                 request: request.clone(),
                 status,
@@ -344,15 +398,10 @@ impl Client {
 
     /// `GET /healthz`: `Ok` when the coordinator answers 200.
     pub async fn healthz(&self) -> Result<(), ClientError> {
-        let (request, response) = self.send::<()>(Method::GET, "healthz", None).await?;
-        let status = response.status();
+        let (request, status, body) = self.send::<()>(Method::GET, "healthz", None).await?;
         if status.is_success() {
             return Ok(());
         }
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| self.transport(&request, e))?;
         Err(error_from_body(request, status, &body))
     }
 
@@ -362,64 +411,154 @@ impl Client {
         path: &str,
         body: Option<&B>,
     ) -> Result<T, ClientError> {
-        let (request, response) = self.send(method, path, body).await?;
-        let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| self.transport(&request, e))?;
+        let (request, status, bytes) = self.send(method, path, body).await?;
         if !status.is_success() {
             return Err(error_from_body(request, status, &bytes));
         }
         serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode { request, source })
     }
 
-    /// Sends one request; returns its description ("GET http://...") for later messages.
+    /// Sends one request and reads its whole answer, within the request timeout; returns
+    /// its description ("GET http://...") for later messages.
     async fn send<B: Serialize + ?Sized>(
         &self,
         method: Method,
         path: &str,
         body: Option<&B>,
-    ) -> Result<(String, reqwest::Response), ClientError> {
+    ) -> Result<(String, StatusCode, Bytes), ClientError> {
         let url = self.base.join(path).map_err(|e| ClientError::InvalidUrl {
             url: format!("{}/{path}", self.shown),
             reason: e.to_string(),
         })?;
         let request = format!("{method} {url}");
-        tracing::debug!(%method, %url, "request");
-        let mut builder = self.http.request(method, url);
-        if let Some(token) = &self.token {
-            builder = builder.bearer_auth(token);
-        }
-        if let Some(body) = body {
-            builder = builder.json(body);
-        }
-        let response = builder
-            .send()
-            .await
-            .map_err(|e| self.transport(&request, e))?;
-        Ok((request, response))
+        let body =
+            body.map(serde_json::to_vec)
+                .transpose()
+                .map_err(|e| ClientError::Transport {
+                    request: request.clone(),
+                    source: Box::new(e),
+                })?;
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let response = self.exchange(&request, method, url, body, deadline).await?;
+        let status = response.status();
+        let bytes = self.body(&request, response.into_body(), deadline).await?;
+        Ok((request, status, bytes))
     }
 
-    fn transport(&self, request: &str, source: reqwest::Error) -> ClientError {
-        if source.is_connect() {
-            ClientError::Unreachable {
-                url: self.shown.clone(),
-                source,
+    /// Sends a request and waits for its answer's head until `deadline`.
+    async fn exchange(
+        &self,
+        request: &str,
+        method: Method,
+        url: Url,
+        json: Option<Vec<u8>>,
+        deadline: tokio::time::Instant,
+    ) -> Result<hyper::Response<Incoming>, ClientError> {
+        tracing::debug!(%method, %url, "request");
+        let mut builder = hyper::Request::builder()
+            .method(method)
+            .uri(url.as_str())
+            .header(
+                USER_AGENT,
+                concat!("nightshift/", env!("CARGO_PKG_VERSION")),
+            );
+        if let Some(token) = &self.token {
+            builder = builder.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let body = match json {
+            Some(json) => {
+                builder = builder.header(CONTENT_TYPE, "application/json");
+                Full::new(Bytes::from(json))
             }
-        } else if source.is_timeout() {
-            ClientError::Timeout {
-                request: request.to_owned(),
-                after: self.request_timeout,
-                source,
-            }
-        } else {
-            ClientError::Transport {
-                request: request.to_owned(),
-                source,
-            }
+            None => Full::new(Bytes::new()),
+        };
+        let req = builder.body(body).map_err(|e| ClientError::InvalidUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        match tokio::time::timeout_at(deadline, self.http.request(req)).await {
+            Err(_) => Err(self.timeout(request)),
+            Ok(Err(e)) if e.is_connect() => Err(self.unreachable(Box::new(e))),
+            Ok(Err(e)) => Err(self.transport(request, Box::new(e))),
+            Ok(Ok(response)) => Ok(response),
         }
     }
+
+    /// The whole body of an answer, read until `deadline`.
+    async fn body(
+        &self,
+        request: &str,
+        body: Incoming,
+        deadline: tokio::time::Instant,
+    ) -> Result<Bytes, ClientError> {
+        match tokio::time::timeout_at(deadline, body.collect()).await {
+            Err(_) => Err(self.timeout(request)),
+            Ok(Err(e)) => Err(self.transport(request, Box::new(e))),
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        }
+    }
+
+    fn timeout(&self, request: &str) -> ClientError {
+        ClientError::Timeout {
+            request: request.to_owned(),
+            after: self.request_timeout,
+        }
+    }
+
+    /// A failed connection: a TLS refusal names the CA in use; anything else is "cannot
+    /// reach".
+    fn unreachable(&self, source: TransportError) -> ClientError {
+        if let (Some(tls), Some(ca)) = (tls_cause(source.as_ref()), &self.ca) {
+            return ClientError::Tls {
+                url: self.shown.clone(),
+                ca: ca.clone(),
+                reason: tls.to_string(),
+            };
+        }
+        ClientError::Unreachable {
+            url: self.shown.clone(),
+            source,
+        }
+    }
+
+    fn transport(&self, request: &str, source: TransportError) -> ClientError {
+        ClientError::Transport {
+            request: request.to_owned(),
+            source,
+        }
+    }
+}
+
+/// The connection pool: HTTP, and HTTPS trusting only the certificates of `ca`.
+fn http_client(
+    ca: Option<&Path>,
+    connect: Duration,
+) -> Result<
+    hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    ClientError,
+> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let roots = match ca {
+        Some(ca) => {
+            crate::https::load_roots("--ca", ca).map_err(|e| ClientError::Ca(e.to_string()))?
+        }
+        // Plain HTTP only: an empty trust store, so that no https:// peer is ever trusted.
+        None => std::sync::Arc::new(rustls::RootCertStore::empty()),
+    };
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::Ca(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect));
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector))
 }
 
 fn error_from_body(request: String, status: StatusCode, body: &[u8]) -> ClientError {
@@ -479,6 +618,7 @@ pub(crate) mod fake {
             retry: Default::default(),
             capture: Default::default(),
             files: Vec::new(),
+            sandbox: Default::default(),
         }
     }
 
@@ -724,7 +864,7 @@ mod tests {
     async fn a_coordinator_that_never_answers_times_out() {
         let router = Router::new().route("/v1/jobs", get(std::future::pending::<String>));
         let (url, _) = serve(router).await;
-        let client = Client::with_timeouts(&url, CONNECT_TIMEOUT, Duration::from_millis(200));
+        let client = Client::with_timeouts(&url, None, CONNECT_TIMEOUT, Duration::from_millis(200));
         let err = client.unwrap().jobs().await.unwrap_err();
         assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
         assert_eq!(
@@ -795,7 +935,7 @@ mod tests {
             ("127.0.0.1:7400", "expected http://host:port"),
             ("localhost:7400", "expected http://host:port"),
             ("http://", "empty host"),
-            ("https://coord:7400", "https is not supported"),
+            ("https://coord:7400", "https needs the cluster CA"),
             ("ftp://coord", "scheme"),
             ("http://coord:7400/?x=1", "query"),
             ("http://user:pw@coord:7400", "credentials"),

@@ -251,6 +251,9 @@ impl CoordinatorConfig {
                 "must be a number >= 0",
             );
         }
+        if let Err((key, rule)) = self.policy.validate() {
+            return invalid(key, &rule);
+        }
         if self.services.is_empty() {
             return invalid("services".into(), "at least one service is needed");
         }
@@ -513,6 +516,32 @@ mod tests {
                 "{}: line 2: lease_ttl_ms: must be at least twice heartbeat_interval_ms",
                 path.display()
             )
+        );
+    }
+
+    #[test]
+    fn a_relative_mount_allowlist_entry_is_refused_at_its_line() {
+        let (_d, path) = write(
+            "[policy]\nallow_host_network = true\nhost_mount_allowlist = [\"/datasets\", \"scratch\"]\n\
+             [policy.teams.vision]\nmax_gpus = 32\n",
+        );
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: line 3: policy.host_mount_allowlist[1]: must be an absolute path",
+                path.display()
+            )
+        );
+        let (_d, path) = write("[policy.teams.vision]\nmax_gpu = 32\n");
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("unknown field `max_gpu`"),
+            "{err}"
         );
     }
 

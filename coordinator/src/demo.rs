@@ -318,6 +318,7 @@ fn trainer() -> JobSpec {
         retry: Default::default(),
         capture: Default::default(),
         files: Vec::new(),
+        sandbox: Default::default(),
     }
 }
 

@@ -424,6 +424,7 @@ fn job_spec(name: &str, spec: &StepSpec) -> JobSpec {
                 content: content.clone(),
             })
             .collect(),
+        sandbox: Default::default(),
     }
 }
 

@@ -1,11 +1,20 @@
 //! Job policy: what a job may ask for, checked at submission. A refusal is a 403 that names
-//! the rule (`policy.allowed_images`, `policy.max_gpus_per_job`, ...) and the job's field.
+//! the rule (`policy.allowed_images`, `policy.allow_privileged`, ...) and the job's field.
 //!
-//! The job file has no way to ask for a privileged container, host namespaces, added
-//! capabilities, devices or host mounts, and unknown fields are refused anyway; a request
-//! that tries (Kubernetes' field names) is answered with the rule instead of a bare
-//! "unknown field", so that the researcher knows it is policy, not a typo.
+//! A job asks for privileges only through its `sandbox:` section ([`Sandbox`]): a privileged
+//! container, the host's network or PID namespace, added capabilities, host devices, host
+//! mounts. Each is refused unless `[policy]` allows it (a switch, or an allowlist of
+//! capabilities, device and mount path prefixes), or an admin token submits the job (the
+//! waiver is written to the audit log). Image prefixes and GPU limits hold for everyone. A request that uses Kubernetes' field names at the
+//! top level is answered with the rule instead of a bare "unknown field", so that the
+//! researcher knows it is policy, not a typo.
+//!
+//! Limits on GPUs hold per job and per team; `[policy.teams.NAME]` overrides them for one
+//! team.
 
+use std::collections::BTreeMap;
+
+use nightshift_common::sandbox::{self, Sandbox};
 use serde::Deserialize;
 
 /// `[policy]` of coordinator.toml.
@@ -19,6 +28,32 @@ pub struct PolicyConfig {
     /// Most GPUs the unfinished jobs of one owner (team) may ask for together; 0 for no
     /// limit.
     pub max_gpus_per_team: u32,
+    /// `sandbox.privileged`.
+    pub allow_privileged: bool,
+    /// `sandbox.hostNetwork`.
+    pub allow_host_network: bool,
+    /// `sandbox.hostPid`.
+    pub allow_host_pid: bool,
+    /// Capabilities a job may add (`IPC_LOCK`); `sandbox.capAdd` outside it is refused.
+    pub allowed_capabilities: Vec<String>,
+    /// Device path prefixes a job may be given (`/dev/infiniband`).
+    pub allowed_devices: Vec<String>,
+    /// Host path prefixes a job may mount (`/datasets`), compared by whole components after
+    /// normalisation; `..` is refused. Symbolic links on the hosts are not resolved: list
+    /// only trees that researchers cannot write links into.
+    pub host_mount_allowlist: Vec<String>,
+    /// Per-team overrides of the GPU limits, by owner.
+    pub teams: BTreeMap<String, TeamPolicy>,
+}
+
+/// `[policy.teams.NAME]`: limits for one team instead of the defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TeamPolicy {
+    /// Replaces `max_gpus_per_team` for this team (0 for no limit).
+    pub max_gpus: Option<u32>,
+    /// Replaces `max_gpus_per_job` for this team's jobs (0 for no limit).
+    pub max_gpus_per_job: Option<u32>,
 }
 
 /// A job that breaks a rule.
@@ -58,8 +93,9 @@ pub fn check_escapes(raw: &serde_json::Value) -> Result<(), PolicyError> {
                 rule: "policy.sandbox",
                 field: (*field).to_owned(),
                 message: format!(
-                    "{field}: jobs may not use {what}; they run unprivileged with only their \
-                     leased GPUs and their checkpoint directory"
+                    "{field}: jobs may not use {what} this way; ask for it under `sandbox:` \
+                     (privileged, hostNetwork, hostPid, capAdd, devices, mounts), which \
+                     policy refuses unless an admin allows it"
                 ),
             });
         }
@@ -67,53 +103,203 @@ pub fn check_escapes(raw: &serde_json::Value) -> Result<(), PolicyError> {
     Ok(())
 }
 
+fn refusal(rule: &'static str, field: impl Into<String>, message: String) -> PolicyError {
+    PolicyError {
+        rule,
+        field: field.into(),
+        message,
+    }
+}
+
 impl PolicyConfig {
-    /// Checks a job asking for `gpus` GPUs with `image`, whose owner already has
+    /// The rules of the configuration itself: `(key, rule)` of the first one broken.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let lists = [
+            ("host_mount_allowlist", &self.host_mount_allowlist),
+            ("allowed_devices", &self.allowed_devices),
+        ];
+        for (key, list) in lists {
+            for (i, prefix) in list.iter().enumerate() {
+                sandbox::normal_path(prefix)
+                    .map_err(|rule| (format!("policy.{key}[{i}]"), rule.to_owned()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The GPU limits for jobs of `owner`: (per job, per team); 0 for no limit.
+    fn gpu_limits(&self, owner: Option<&str>) -> (u32, u32) {
+        let team = owner.and_then(|o| self.teams.get(o));
+        (
+            team.and_then(|t| t.max_gpus_per_job)
+                .unwrap_or(self.max_gpus_per_job),
+            team.and_then(|t| t.max_gpus)
+                .unwrap_or(self.max_gpus_per_team),
+        )
+    }
+
+    /// Checks a job of `owner` asking for `gpus` GPUs with `image`, whose owner already has
     /// `owner_gpus` GPUs asked for by unfinished jobs.
-    pub fn check(&self, image: &str, gpus: u32, owner_gpus: u32) -> Result<(), PolicyError> {
+    pub fn check(
+        &self,
+        image: &str,
+        gpus: u32,
+        owner: Option<&str>,
+        owner_gpus: u32,
+    ) -> Result<(), PolicyError> {
         if !self.allowed_images.is_empty()
             && !self
                 .allowed_images
                 .iter()
                 .any(|p| image.starts_with(p.as_str()))
         {
-            return Err(PolicyError {
-                rule: "policy.allowed_images",
-                field: "image".into(),
-                message: format!(
+            return Err(refusal(
+                "policy.allowed_images",
+                "image",
+                format!(
                     "image {image} is not under an allowed prefix ({})",
                     self.allowed_images.join(", ")
                 ),
-            });
+            ));
         }
-        if self.max_gpus_per_job > 0 && gpus > self.max_gpus_per_job {
-            return Err(PolicyError {
-                rule: "policy.max_gpus_per_job",
-                field: "gpus".into(),
-                message: format!(
-                    "{gpus} GPUs asked, at most {} per job",
-                    self.max_gpus_per_job
+        let (per_job, per_team) = self.gpu_limits(owner);
+        let scope = |key: &str| match owner {
+            Some(o) if self.teams.contains_key(o) => format!("the limit of team {o} ({key})"),
+            _ => "the limit".to_owned(),
+        };
+        if per_job > 0 && gpus > per_job {
+            return Err(refusal(
+                "policy.max_gpus_per_job",
+                "gpus",
+                format!(
+                    "{gpus} GPUs asked, at most {per_job} per job ({})",
+                    scope("max_gpus_per_job")
                 ),
-            });
+            ));
         }
-        if self.max_gpus_per_team > 0 && owner_gpus + gpus > self.max_gpus_per_team {
-            return Err(PolicyError {
-                rule: "policy.max_gpus_per_team",
-                field: "gpus".into(),
-                message: format!(
+        if per_team > 0 && owner_gpus + gpus > per_team {
+            return Err(refusal(
+                "policy.max_gpus_per_team",
+                "gpus",
+                format!(
                     "the owner's unfinished jobs already ask for {owner_gpus} GPUs; {gpus} more \
-                     would pass the team limit of {}",
-                    self.max_gpus_per_team
+                     would pass {} of {per_team}",
+                    scope("max_gpus")
                 ),
-            });
+            ));
         }
         Ok(())
+    }
+
+    /// Checks what a job's `sandbox:` asks for. Every broken rule, in the order of the
+    /// section's fields (an admin's waiver names them all in the audit log).
+    pub fn check_sandbox(&self, sandbox: &Sandbox) -> Vec<PolicyError> {
+        let mut refused = Vec::new();
+        let switches = [
+            (
+                sandbox.privileged,
+                self.allow_privileged,
+                "policy.allow_privileged",
+                "sandbox.privileged",
+                "a privileged container",
+            ),
+            (
+                sandbox.host_network,
+                self.allow_host_network,
+                "policy.allow_host_network",
+                "sandbox.hostNetwork",
+                "the host's network namespace",
+            ),
+            (
+                sandbox.host_pid,
+                self.allow_host_pid,
+                "policy.allow_host_pid",
+                "sandbox.hostPid",
+                "the host's PID namespace",
+            ),
+        ];
+        for (asked, allowed, rule, field, what) in switches {
+            if asked && !allowed {
+                refused.push(refusal(
+                    rule,
+                    field,
+                    format!("{field}: {what} is not allowed (an admin may set {rule} = true)"),
+                ));
+            }
+        }
+        for (i, cap) in sandbox.cap_add.iter().enumerate() {
+            let name = sandbox::capability(cap);
+            if !self
+                .allowed_capabilities
+                .iter()
+                .any(|a| sandbox::capability(a) == name)
+            {
+                refused.push(refusal(
+                    "policy.allowed_capabilities",
+                    format!("sandbox.capAdd[{i}]"),
+                    format!(
+                        "sandbox.capAdd[{i}]: capability {name} is not in \
+                         policy.allowed_capabilities ({})",
+                        shown(&self.allowed_capabilities)
+                    ),
+                ));
+            }
+        }
+        let paths = sandbox
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    d,
+                    format!("sandbox.devices[{i}]"),
+                    "policy.allowed_devices",
+                    &self.allowed_devices,
+                )
+            })
+            .chain(sandbox.mounts.iter().enumerate().map(|(i, m)| {
+                (
+                    &m.host,
+                    format!("sandbox.mounts[{i}].host"),
+                    "policy.host_mount_allowlist",
+                    &self.host_mount_allowlist,
+                )
+            }));
+        for (path, field, rule, allowed) in paths {
+            let normal = match sandbox::normal_path(path) {
+                Ok(p) => p,
+                Err(why) => {
+                    refused.push(refusal(rule, field.clone(), format!("{field}: {why}")));
+                    continue;
+                }
+            };
+            let covered = allowed.iter().any(|prefix| {
+                sandbox::normal_path(prefix).is_ok_and(|prefix| sandbox::is_under(&normal, &prefix))
+            });
+            if !covered {
+                refused.push(refusal(
+                    rule,
+                    field.clone(),
+                    format!("{field}: {normal} is outside {rule} ({})", shown(allowed)),
+                ));
+            }
+        }
+        refused
+    }
+}
+
+fn shown(list: &[String]) -> String {
+    if list.is_empty() {
+        "empty".to_owned()
+    } else {
+        list.join(", ")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nightshift_common::Mount;
 
     #[test]
     fn each_rule_is_named() {
@@ -121,32 +307,179 @@ mod tests {
             allowed_images: vec!["registry.example.com/research/".into()],
             max_gpus_per_job: 4,
             max_gpus_per_team: 8,
+            ..PolicyConfig::default()
         };
-        assert_eq!(
-            policy.check("registry.example.com/research/sft:1", 4, 4),
-            Ok(())
-        );
-        let e = policy.check("docker.io/evil:1", 1, 0).unwrap_err();
+        let image = "registry.example.com/research/sft:1";
+        assert_eq!(policy.check(image, 4, Some("nlp"), 4), Ok(()));
+        let e = policy.check("docker.io/evil:1", 1, None, 0).unwrap_err();
         assert_eq!(
             (e.rule, e.field.as_str()),
             ("policy.allowed_images", "image")
         );
         assert_eq!(
-            policy
-                .check("registry.example.com/research/x", 5, 0)
-                .unwrap_err()
-                .rule,
+            policy.check(image, 5, None, 0).unwrap_err().rule,
             "policy.max_gpus_per_job"
         );
-        let e = policy
-            .check("registry.example.com/research/x", 2, 7)
-            .unwrap_err();
+        let e = policy.check(image, 2, Some("nlp"), 7).unwrap_err();
         assert_eq!(e.rule, "policy.max_gpus_per_team");
-        assert!(PolicyConfig::default().check("anything", 100, 100).is_ok());
+        assert!(
+            PolicyConfig::default()
+                .check("anything", 100, None, 100)
+                .is_ok()
+        );
     }
 
     #[test]
-    fn a_privileged_job_is_refused_by_rule() {
+    fn a_team_section_overrides_the_gpu_limits_for_that_team_only() {
+        let toml = "max_gpus_per_job = 4\nmax_gpus_per_team = 8\n\
+                    [teams.vision]\nmax_gpus = 32\nmax_gpus_per_job = 16\n";
+        let policy: PolicyConfig = toml_from(toml);
+        let image = "trainer:1";
+        assert_eq!(policy.check(image, 16, Some("vision"), 16), Ok(()));
+        let e = policy.check(image, 17, Some("vision"), 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "policy.max_gpus_per_job: 17 GPUs asked, at most 16 per job (the limit of team \
+             vision (max_gpus_per_job))"
+        );
+        let e = policy.check(image, 8, Some("vision"), 30).unwrap_err();
+        assert_eq!(e.rule, "policy.max_gpus_per_team");
+        assert!(
+            e.message
+                .contains("the limit of team vision (max_gpus) of 32")
+        );
+        // Other teams keep the defaults.
+        assert_eq!(
+            policy.check(image, 5, Some("nlp"), 0).unwrap_err().rule,
+            "policy.max_gpus_per_job"
+        );
+        assert_eq!(
+            policy.check(image, 4, Some("nlp"), 6).unwrap_err().rule,
+            "policy.max_gpus_per_team"
+        );
+    }
+
+    fn toml_from(text: &str) -> PolicyConfig {
+        config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .unwrap()
+            .try_deserialize()
+            .unwrap()
+    }
+
+    fn rules(policy: &PolicyConfig, sandbox: &Sandbox) -> Vec<(&'static str, String)> {
+        policy
+            .check_sandbox(sandbox)
+            .into_iter()
+            .map(|e| (e.rule, e.field))
+            .collect()
+    }
+
+    fn mount(host: &str) -> Mount {
+        Mount {
+            host: host.into(),
+            path: "/data".into(),
+            read_only: true,
+        }
+    }
+
+    #[test]
+    fn every_sandbox_field_is_refused_by_default_naming_its_rule() {
+        let everything = Sandbox {
+            privileged: true,
+            host_network: true,
+            host_pid: true,
+            cap_add: vec!["SYS_ADMIN".into()],
+            devices: vec!["/dev/fuse".into()],
+            mounts: vec![mount("/datasets/a")],
+        };
+        let policy = PolicyConfig::default();
+        assert_eq!(
+            rules(&policy, &everything),
+            [
+                ("policy.allow_privileged", "sandbox.privileged".to_owned()),
+                ("policy.allow_host_network", "sandbox.hostNetwork".into()),
+                ("policy.allow_host_pid", "sandbox.hostPid".into()),
+                ("policy.allowed_capabilities", "sandbox.capAdd[0]".into()),
+                ("policy.allowed_devices", "sandbox.devices[0]".into()),
+                (
+                    "policy.host_mount_allowlist",
+                    "sandbox.mounts[0].host".into()
+                ),
+            ]
+        );
+        assert_eq!(
+            policy.check_sandbox(&everything)[0].to_string(),
+            "policy.allow_privileged: sandbox.privileged: a privileged container is not \
+             allowed (an admin may set policy.allow_privileged = true)"
+        );
+        assert!(policy.check_sandbox(&Sandbox::default()).is_empty());
+    }
+
+    #[test]
+    fn allowed_switches_and_lists_let_a_sandbox_through() {
+        let policy = PolicyConfig {
+            allow_privileged: true,
+            allow_host_network: true,
+            allow_host_pid: true,
+            allowed_capabilities: vec!["CAP_IPC_LOCK".into()],
+            allowed_devices: vec!["/dev/infiniband".into()],
+            host_mount_allowlist: vec!["/datasets/".into(), "/scratch".into()],
+            ..PolicyConfig::default()
+        };
+        let sandbox = Sandbox {
+            privileged: true,
+            host_network: true,
+            host_pid: true,
+            cap_add: vec!["IPC_LOCK".into()],
+            devices: vec!["/dev/infiniband/uverbs0".into()],
+            mounts: vec![mount("/datasets/imagenet"), mount("/scratch//run/./1")],
+        };
+        assert!(policy.check_sandbox(&sandbox).is_empty());
+
+        // Outside the lists: another capability, a sibling directory with the same prefix,
+        // a `..` escape, another device.
+        let outside = Sandbox {
+            cap_add: vec!["SYS_ADMIN".into()],
+            mounts: vec![mount("/datasets-private"), mount("/datasets/../etc")],
+            devices: vec!["/dev/fuse".into()],
+            ..Sandbox::default()
+        };
+        let errors = policy.check_sandbox(&outside);
+        let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "policy.allowed_capabilities: sandbox.capAdd[0]: capability SYS_ADMIN is not in \
+                 policy.allowed_capabilities (CAP_IPC_LOCK)",
+                "policy.allowed_devices: sandbox.devices[0]: /dev/fuse is outside \
+                 policy.allowed_devices (/dev/infiniband)",
+                "policy.host_mount_allowlist: sandbox.mounts[0].host: /datasets-private is \
+                 outside policy.host_mount_allowlist (/datasets/, /scratch)",
+                "policy.host_mount_allowlist: sandbox.mounts[1].host: must not contain '..'",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_allowlist_entry_is_a_configuration_error() {
+        let policy = PolicyConfig {
+            host_mount_allowlist: vec!["/datasets".into(), "scratch".into()],
+            ..PolicyConfig::default()
+        };
+        assert_eq!(
+            policy.validate(),
+            Err((
+                "policy.host_mount_allowlist[1]".to_owned(),
+                "must be an absolute path".to_owned()
+            ))
+        );
+        assert_eq!(PolicyConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_kubernetes_field_at_the_top_level_is_refused_by_rule() {
         let raw = serde_json::json!({"name": "a", "image": "b", "gpus": 1, "privileged": true});
         let e = check_escapes(&raw).unwrap_err();
         assert_eq!((e.rule, e.field.as_str()), ("policy.sandbox", "privileged"));
@@ -154,6 +487,7 @@ mod tests {
             e.to_string()
                 .starts_with("policy.sandbox: privileged: jobs may not use privileged containers")
         );
+        assert!(e.message.contains("under `sandbox:`"));
         assert!(check_escapes(&serde_json::json!({"name": "a"})).is_ok());
     }
 }

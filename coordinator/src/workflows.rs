@@ -18,7 +18,7 @@ pub fn is_workflow(text: &str) -> bool {
 
 /// Lints, then starts a run. Exit 2 (and no request) when the workflow cannot run.
 pub async fn submit(
-    coordinator: &str,
+    client: &Client,
     file: &str,
     text: &str,
     parameters: &[String],
@@ -46,7 +46,7 @@ pub async fn submit(
         text: text.to_owned(),
         parameters: overrides,
     };
-    let view = Client::new(coordinator)?.submit_pipeline(&req).await?;
+    let view = client.submit_pipeline(&req).await?;
     print(out, json, &view, || {
         format!(
             "submitted pipeline run {} ({}), now {}\n",

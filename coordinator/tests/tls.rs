@@ -227,3 +227,78 @@ fn an_https_coordinator_without_a_ca_is_refused_before_starting() {
         "coordinator url \"https://c:7400\": https needs tls.ca_file (the cluster CA)"
     );
 }
+
+/// Runs the `nightshift` binary against `url` with `args`, the CA given as `NIGHTSHIFT_CA`
+/// when `ca` is set; its exit code, standard output and standard error.
+async fn nightshift(url: &str, ca: Option<&Path>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_nightshift"));
+    cmd.args(args)
+        .env("NIGHTSHIFT_URL", url)
+        .env_remove("NIGHTSHIFT_TOKEN")
+        .env_remove("NIGHTSHIFT_CA");
+    if let Some(ca) = ca {
+        cmd.env("NIGHTSHIFT_CA", ca);
+    }
+    let out = cmd.output().await.unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_submits_and_lists_jobs_over_https_trusting_the_cluster_ca() {
+    let pki = cluster_pki();
+    let data = tempfile::tempdir().unwrap();
+    let url = start(&pki, "coordinator", data.path()).await;
+    let job = data.path().join("job.yaml");
+    std::fs::write(&job, "name: over-tls\nimage: trainer:1\ngpus: 1\n").unwrap();
+    let ca = pki.path("ca.pem");
+
+    let (code, out, err) = nightshift(&url, Some(&ca), &["submit", job.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("submitted job 1 (over-tls)"), "{out}");
+
+    let (code, out, err) = nightshift(&url, Some(&ca), &["jobs", "-o", "json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let list: nightshift_common::JobList = serde_json::from_str(&out).unwrap();
+    let names: Vec<_> = list.jobs.iter().map(|j| j.spec.name.as_str()).collect();
+    assert_eq!(names, ["over-tls"]);
+}
+
+#[tokio::test]
+async fn the_cli_says_which_ca_failed_to_verify_the_coordinator() {
+    let pki = cluster_pki();
+    let data = tempfile::tempdir().unwrap();
+    let url = start(&pki, "coordinator", data.path()).await;
+
+    // No CA at all: refused before any connection.
+    let (code, _, err) = nightshift(&url, None, &["jobs"]).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("https needs the cluster CA: set --ca FILE or NIGHTSHIFT_CA"),
+        "{err}"
+    );
+
+    // Another CA: the handshake fails, and the message names the CA file used.
+    let foreign = pki.path("foreign-ca.pem");
+    let (code, _, err) = nightshift(&url, Some(&foreign), &["jobs"]).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!(
+            "tls handshake with the coordinator at {url} failed"
+        )) && err.contains("invalid peer certificate")
+            && err.contains(&format!("checked against the CA in {}", foreign.display())),
+        "{err}"
+    );
+
+    // A CA file that is not there.
+    let missing = pki.path("missing.pem");
+    let (code, _, err) = nightshift(&url, Some(&missing), &["jobs"]).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("--ca ({}): cannot read", missing.display())),
+        "{err}"
+    );
+}

@@ -23,17 +23,27 @@ use nightshift_coordinator::config::{
     CoordinatorConfig, ScaleDownConfig, ScaleUpConfig, ServiceConfig,
 };
 
+pub mod secrets;
+
 pub const VLLM_IMAGE: &str = "nightshift/vllm-standin:dev";
 pub const TRAINER_IMAGE: &str = "nightshift/toy-trainer:dev";
 
+/// Logs to the test's output and to a file of the run's log directory
+/// ([`secrets::run_dir`]), which the end-of-run secret scan reads.
 pub fn init_tracing() {
+    use tracing_subscriber::fmt::writer::{MakeWriterExt, TestWriter};
+    let name = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "test".into());
+    let (_, file) = secrets::log_file(&name);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 "warn,nightshift_agent=info,nightshift_coordinator=info".into()
             }),
         )
-        .with_test_writer()
+        .with_writer(TestWriter::new().and(std::sync::Mutex::new(file)))
         .try_init();
 }
 
@@ -377,7 +387,9 @@ async fn wait_healthy(client: &nightshift_coordinator::client::Client) {
 
 impl CoordinatorProcess {
     /// Starts the binary on `port` with `data` as its data directory and `config` (TOML).
+    /// Its output goes to a log file of the run ([`secrets::log_file`]).
     pub fn spawn(port: u16, data: &Path, config: &Path) -> Self {
+        let (_, log) = secrets::log_file("nightshift-coordinator");
         let child = std::process::Command::new(workspace_bin("nightshift-coordinator"))
             .args([
                 "serve",
@@ -388,8 +400,9 @@ impl CoordinatorProcess {
             .arg(data)
             .arg("--config")
             .arg(config)
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
             .spawn()
             .expect("spawn nightshift-coordinator");
         Self {

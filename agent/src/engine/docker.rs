@@ -12,8 +12,8 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, DeviceRequest,
-    HostConfig, PortBinding, PortMap, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, DeviceMapping,
+    DeviceRequest, HostConfig, PortBinding, PortMap, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
@@ -436,8 +436,22 @@ fn label_filters(labels: &BTreeMap<String, String>) -> Vec<String> {
         .collect()
 }
 
+/// `host:container[:ro]` binds: the agent's own (read-write), then the sandbox's mounts.
+fn binds(spec: &ContainerSpec) -> Vec<String> {
+    let own = spec
+        .binds
+        .iter()
+        .map(|(host, container)| format!("{host}:{container}"));
+    let sandbox = spec.sandbox.mounts.iter().map(|m| {
+        let mode = if m.read_only { "ro" } else { "rw" };
+        format!("{}:{}:{mode}", m.host, m.path)
+    });
+    own.chain(sandbox).collect()
+}
+
 fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
     let (gpu_env, device_requests) = gpu_settings(&spec.gpus);
+    let sandbox = &spec.sandbox;
     ContainerCreateBody {
         image: Some(spec.image.clone()),
         entrypoint: non_empty(&spec.entrypoint),
@@ -447,12 +461,22 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         stop_signal: spec.stop_signal.clone(),
         exposed_ports: spec.publish.as_ref().map(|publish| vec![port_key(publish)]),
         host_config: Some(HostConfig {
-            binds: Some(
-                spec.binds
+            binds: Some(binds(spec)),
+            privileged: sandbox.privileged.then_some(true),
+            network_mode: sandbox.host_network.then(|| "host".to_owned()),
+            pid_mode: sandbox.host_pid.then(|| "host".to_owned()),
+            cap_add: non_empty(&sandbox.cap_add),
+            devices: (!sandbox.devices.is_empty()).then(|| {
+                sandbox
+                    .devices
                     .iter()
-                    .map(|(host, container)| format!("{host}:{container}"))
-                    .collect(),
-            ),
+                    .map(|path| DeviceMapping {
+                        path_on_host: Some(path.clone()),
+                        path_in_container: Some(path.clone()),
+                        cgroup_permissions: Some("rwm".to_owned()),
+                    })
+                    .collect()
+            }),
             // docker-init as PID 1 forwards signals to a workload that installs no handler.
             init: Some(true),
             restart_policy: Some(RestartPolicy {
@@ -460,7 +484,12 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
                 maximum_retry_count: None,
             }),
             device_requests,
-            port_bindings: spec.publish.as_ref().map(port_bindings),
+            // On the host's network the port is the host's already.
+            port_bindings: spec
+                .publish
+                .as_ref()
+                .filter(|_| !sandbox.host_network)
+                .map(port_bindings),
             ..Default::default()
         }),
         ..Default::default()
@@ -579,6 +608,73 @@ fn first_host_port(ports: &PortMap) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_becomes_host_config_and_an_empty_one_adds_nothing() {
+        let mut spec = ContainerSpec {
+            binds: vec![("/var/lib/ns/ckpt/1".into(), "/checkpoint".into())],
+            publish: Some(PortPublish {
+                container_port: 29500,
+                host_ip: "0.0.0.0".into(),
+                host_port: 29500,
+            }),
+            ..ContainerSpec::default()
+        };
+        let plain = create_body(&spec).host_config.unwrap();
+        assert_eq!(plain.binds.unwrap(), ["/var/lib/ns/ckpt/1:/checkpoint"]);
+        assert_eq!(
+            (plain.privileged, plain.network_mode, plain.pid_mode),
+            (None, None, None)
+        );
+        assert_eq!((plain.cap_add, plain.devices), (None, None));
+        assert!(plain.port_bindings.is_some());
+
+        spec.sandbox = nightshift_common::Sandbox {
+            privileged: true,
+            host_network: true,
+            host_pid: true,
+            cap_add: vec!["IPC_LOCK".into()],
+            devices: vec!["/dev/infiniband/uverbs0".into()],
+            mounts: vec![
+                nightshift_common::Mount {
+                    host: "/datasets/a".into(),
+                    path: "/data".into(),
+                    read_only: true,
+                },
+                nightshift_common::Mount {
+                    host: "/scratch/1".into(),
+                    path: "/scratch".into(),
+                    read_only: false,
+                },
+            ],
+        };
+        let hc = create_body(&spec).host_config.unwrap();
+        assert_eq!(
+            hc.binds.unwrap(),
+            [
+                "/var/lib/ns/ckpt/1:/checkpoint",
+                "/datasets/a:/data:ro",
+                "/scratch/1:/scratch:rw"
+            ]
+        );
+        assert_eq!(hc.privileged, Some(true));
+        assert_eq!(hc.network_mode.as_deref(), Some("host"));
+        assert_eq!(hc.pid_mode.as_deref(), Some("host"));
+        assert_eq!(hc.cap_add.unwrap(), ["IPC_LOCK"]);
+        let device = &hc.devices.unwrap()[0];
+        assert_eq!(
+            (
+                device.path_on_host.as_deref(),
+                device.path_in_container.as_deref()
+            ),
+            (
+                Some("/dev/infiniband/uverbs0"),
+                Some("/dev/infiniband/uverbs0")
+            )
+        );
+        // The host's network has no port mapping.
+        assert!(hc.port_bindings.is_none());
+    }
 
     #[test]
     fn grace_is_rounded_up_to_whole_seconds_and_at_least_one() {

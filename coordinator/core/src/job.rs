@@ -293,6 +293,7 @@ mod tests {
             },
             capture: Default::default(),
             files: Vec::new(),
+            sandbox: Default::default(),
         };
         Job::new(1, spec, 0)
     }

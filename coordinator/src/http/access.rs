@@ -86,6 +86,9 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
         )
         .into_response();
     }
+    // Later layers (job policy: an admin may waive it) see who is calling.
+    let mut req = req;
+    req.extensions_mut().insert(principal.clone());
     let method = req.method().clone();
     if method == Method::GET || method == Method::HEAD {
         return next.run(req).await;

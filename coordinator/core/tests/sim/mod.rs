@@ -29,6 +29,7 @@ pub fn spec(name: &str, gpus: u32) -> JobSpec {
         retry: RetryPolicy::default(),
         capture: Default::default(),
         files: Vec::new(),
+        sandbox: Default::default(),
     }
 }
 
