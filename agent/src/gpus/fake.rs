@@ -89,8 +89,8 @@ impl FakeGpus {
         self.with_gpu(index, |gpu| gpu.status.memory_used_bytes = bytes)
     }
 
-    /// Marks GPU `index` healthy (clearing any reason, XID ones included) or unhealthy with
-    /// the reason [`MARKED_UNHEALTHY`].
+    /// Marks GPU `index` healthy (clearing every reason: XID, ECC counters, set by hand) or
+    /// unhealthy with the reason [`MARKED_UNHEALTHY`].
     pub fn set_healthy(&self, index: u32, healthy: bool) -> Result<(), GpuError> {
         self.with_gpu(index, |gpu| {
             gpu.marked = (!healthy).then(|| MARKED_UNHEALTHY.to_owned());
@@ -201,13 +201,11 @@ impl Gpus for FakeGpus {
 
 impl FakeGpu {
     fn status(&self) -> GpuStatus {
-        let reasons: Vec<String> = [self.marked.clone(), health::ecc_verdict(&self.ecc)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let reasons = [self.marked.clone(), health::ecc_verdict(&self.ecc)];
+        let unhealthy_reason = health::unhealthy_reason(reasons);
         GpuStatus {
-            healthy: reasons.is_empty(),
-            unhealthy_reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
+            healthy: unhealthy_reason.is_none(),
+            unhealthy_reason,
             ..self.status.clone()
         }
     }

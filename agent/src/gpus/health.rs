@@ -74,6 +74,12 @@ pub fn ecc_verdict(ecc: &EccReadings) -> Option<String> {
     (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
+/// All the reasons a GPU is unhealthy, in the order given, as one; `None` when there is none.
+pub fn unhealthy_reason(reasons: impl IntoIterator<Item = Option<String>>) -> Option<String> {
+    let reasons: Vec<String> = reasons.into_iter().flatten().collect();
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +105,21 @@ mod tests {
         for xid in APPLICATION_XIDS {
             assert_eq!(xid_verdict(xid), None, "xid {xid}");
         }
+    }
+
+    #[test]
+    fn reasons_are_joined_in_order() {
+        assert_eq!(unhealthy_reason([None, None]), None);
+        assert_eq!(unhealthy_reason([]), None);
+        assert_eq!(
+            unhealthy_reason([
+                Some("nvml: power: device requires a reset".into()),
+                None,
+                xid_verdict(79),
+            ])
+            .as_deref(),
+            Some("nvml: power: device requires a reset; xid 79: the gpu has fallen off the bus")
+        );
     }
 
     #[test]

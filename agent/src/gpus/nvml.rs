@@ -134,17 +134,15 @@ impl NvmlGpus {
             processes,
             ..GpuStatus::healthy(index, memory_used_bytes)
         };
-        let xid = self.xid_verdict(index);
-        let reason = [read.fault, xid, health::ecc_verdict(&ecc)]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>();
-        if reason.is_empty() {
-            return Ok(status);
-        }
+        let reasons = [
+            read.fault,
+            self.xid_verdict(index),
+            health::ecc_verdict(&ecc),
+        ];
+        let unhealthy_reason = health::unhealthy_reason(reasons);
         Ok(GpuStatus {
-            healthy: false,
-            unhealthy_reason: Some(reason.join("; ")),
+            healthy: unhealthy_reason.is_none(),
+            unhealthy_reason,
             ..status
         })
     }
