@@ -4,7 +4,10 @@
 //! in-memory world of N GPUs for hosts without a driver, tests and the demo.
 
 pub mod fake;
+pub mod health;
 pub mod nvml;
+
+use std::sync::Arc;
 
 use nightshift_common::{GpuInfo, GpuStatus};
 
@@ -24,11 +27,27 @@ pub trait Gpus: Send + Sync + 'static {
     /// Every GPU on the host, in index order.
     fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError>;
 
-    /// Current memory use and health of every GPU.
+    /// Current memory use, readings (utilisation, power, temperature, processes) and health
+    /// of every GPU. A reading a GPU does not support is `None`, never an error.
     fn status(&self) -> Result<Vec<GpuStatus>, GpuError>;
 
     /// How a container gets exactly these GPUs (host indices).
     fn access(&self, indices: &[u32]) -> GpuAccess;
+}
+
+/// Shared GPUs: a test keeps one handle to its fake GPUs and gives the agent another.
+impl<G: Gpus> Gpus for Arc<G> {
+    fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        G::inventory(self)
+    }
+
+    fn status(&self) -> Result<Vec<GpuStatus>, GpuError> {
+        G::status(self)
+    }
+
+    fn access(&self, indices: &[u32]) -> GpuAccess {
+        G::access(self, indices)
+    }
 }
 
 /// The GPUs this agent runs with: NVML, or fake ones when configured.

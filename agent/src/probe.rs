@@ -43,6 +43,12 @@ pub fn gpus_part<G: Gpus>(gpus: Result<G, String>) -> Value {
                 "memory_total_bytes": g.memory_total_bytes,
                 "memory_used_bytes": s.map(|s| s.memory_used_bytes),
                 "healthy": s.map(|s| s.healthy),
+                "unhealthy_reason": s.and_then(|s| s.unhealthy_reason.as_deref()),
+                "utilization_gpu_percent": s.and_then(|s| s.utilization_gpu_percent),
+                "utilization_memory_percent": s.and_then(|s| s.utilization_memory_percent),
+                "power_watts": s.and_then(|s| s.power_milliwatts).map(|mw| f64::from(mw) / 1000.0),
+                "temperature_celsius": s.and_then(|s| s.temperature_celsius),
+                "processes": s.and_then(|s| s.processes.as_ref()),
             })
         })
         .collect();
@@ -145,6 +151,10 @@ pub fn render_text(report: &Value) -> String {
                     d["healthy"]
                 ),
             );
+            line(&mut out, format!("         {}", readings(d)));
+            if let Some(reason) = d["unhealthy_reason"].as_str() {
+                line(&mut out, format!("         unhealthy: {reason}"));
+            }
         }
     } else {
         line(
@@ -193,6 +203,31 @@ pub fn render_text(report: &Value) -> String {
     out
 }
 
+/// One GPU's utilisation, power, temperature and processes; `-` for what it did not report.
+fn readings(d: &Value) -> String {
+    let shown = |v: &Value, unit: &str| {
+        if v.is_null() {
+            "-".to_owned()
+        } else {
+            format!("{v}{unit}")
+        }
+    };
+    let processes = match d["processes"].as_array() {
+        Some(list) => {
+            let pids: Vec<String> = list.iter().map(|p| p["pid"].to_string()).collect();
+            format!("{} [{}]", list.len(), pids.join(" "))
+        }
+        None => "-".to_owned(),
+    };
+    format!(
+        "utilisation {} (memory {}), power {}, temperature {}, processes {processes}",
+        shown(&d["utilization_gpu_percent"], "%"),
+        shown(&d["utilization_memory_percent"], "%"),
+        shown(&d["power_watts"], " W"),
+        shown(&d["temperature_celsius"], " °C"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +253,69 @@ mod tests {
         );
         assert!(
             text.contains("gpu 1") && text.contains("engine   D"),
+            "{text}"
+        );
+        assert!(
+            text.contains("utilisation - (memory -), power -, temperature -, processes -"),
+            "unknown readings: {text}"
+        );
+    }
+
+    #[test]
+    fn readings_and_unhealthy_reasons_are_shown() {
+        let fake = FakeGpus::new("n", 2);
+        fake.set_utilization(0, 97, 45).expect("gpu 0");
+        fake.set_power_and_temperature(0, 312_500, 66)
+            .expect("gpu 0");
+        fake.set_processes(
+            0,
+            vec![nightshift_common::GpuProcess {
+                pid: 3117,
+                used_memory_bytes: Some(70 << 30),
+            }],
+        )
+        .expect("gpu 0");
+        fake.inject_xid(1, 79).expect("gpu 1");
+        let part = gpus_part(Ok(fake));
+        let d0 = &part["devices"][0];
+        assert_eq!(
+            (
+                &d0["utilization_gpu_percent"],
+                &d0["utilization_memory_percent"],
+                &d0["power_watts"],
+                &d0["temperature_celsius"],
+                &d0["processes"],
+                &d0["healthy"],
+                &d0["unhealthy_reason"],
+            ),
+            (
+                &json!(97),
+                &json!(45),
+                &json!(312.5),
+                &json!(66),
+                &json!([{"pid": 3117, "used_memory_bytes": 70_u64 << 30}]),
+                &json!(true),
+                &Value::Null,
+            )
+        );
+        let d1 = &part["devices"][1];
+        assert_eq!(d1["healthy"], false);
+        assert_eq!(
+            d1["unhealthy_reason"],
+            "xid 79: the gpu has fallen off the bus"
+        );
+        assert_eq!(d1["power_watts"], Value::Null);
+        let text = render_text(
+            &json!({"node": "n", "gpus": part, "docker": {"version": "D"}, "containers": [], "vllm": null, "vllm_error": "x"}),
+        );
+        assert!(
+            text.contains(
+                "utilisation 97% (memory 45%), power 312.5 W, temperature 66 °C, processes 1 [3117]"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("unhealthy: xid 79: the gpu has fallen off the bus"),
             "{text}"
         );
     }

@@ -1,4 +1,5 @@
-//! The agent's own `/metrics`: per-GPU memory and health, whether vLLM scrapes succeed,
+//! The agent's own `/metrics`: per-GPU memory, utilisation, power, temperature and health,
+//! whether vLLM scrapes succeed,
 //! how long reconcile passes and drain/reclaim phases take, readiness, and how long the
 //! coordinator has been silent. OpenMetrics text, from an explicit registry (no globals).
 
@@ -35,6 +36,11 @@ pub struct Telemetry {
     registry: Registry,
     gpu_memory_used: Family<GpuLabel, Gauge>,
     gpu_healthy: Family<GpuLabel, Gauge>,
+    gpu_utilization: Family<GpuLabel, Gauge>,
+    gpu_memory_utilization: Family<GpuLabel, Gauge>,
+    gpu_power: Family<GpuLabel, FloatGauge>,
+    gpu_temperature: Family<GpuLabel, Gauge>,
+    gpu_processes: Family<GpuLabel, Gauge>,
     scrapes: Family<ResultLabel, Counter>,
     reconcile: Histogram,
     reconcile_errors: Counter,
@@ -60,6 +66,11 @@ impl Telemetry {
         let t = Self {
             gpu_memory_used: Family::default(),
             gpu_healthy: Family::default(),
+            gpu_utilization: Family::default(),
+            gpu_memory_utilization: Family::default(),
+            gpu_power: Family::default(),
+            gpu_temperature: Family::default(),
+            gpu_processes: Family::default(),
             scrapes: Family::default(),
             reconcile: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
             reconcile_errors: Counter::default(),
@@ -77,6 +88,27 @@ impl Telemetry {
             "gpu_healthy",
             "1 when the GPU is healthy and may be leased",
             t.gpu_healthy.clone(),
+        );
+        registry.register(
+            "gpu_utilization_percent",
+            "share of the last sample period in which a kernel ran on the GPU, 0 to 100",
+            t.gpu_utilization.clone(),
+        );
+        registry.register(
+            "gpu_memory_utilization_percent",
+            "share of the last sample period in which GPU memory was read or written, 0 to 100",
+            t.gpu_memory_utilization.clone(),
+        );
+        registry.register("gpu_power_watts", "GPU power draw", t.gpu_power.clone());
+        registry.register(
+            "gpu_temperature_celsius",
+            "GPU die temperature",
+            t.gpu_temperature.clone(),
+        );
+        registry.register(
+            "gpu_processes",
+            "compute processes holding a context on the GPU",
+            t.gpu_processes.clone(),
         );
         registry.register(
             "vllm_scrapes",
@@ -111,6 +143,8 @@ impl Telemetry {
         Self { registry, ..t }
     }
 
+    /// Records one status reading per GPU. A reading the GPU does not support (or did not
+    /// give this time) removes its series rather than leaving a stale or zero value.
     pub fn gpus(&self, status: &[GpuStatus]) {
         for s in status {
             let gpu = GpuLabel { gpu: s.index };
@@ -120,6 +154,25 @@ impl Telemetry {
             self.gpu_healthy
                 .get_or_create(&gpu)
                 .set(i64::from(s.healthy));
+            set_or_remove(&self.gpu_utilization, &gpu, s.utilization_gpu_percent);
+            set_or_remove(
+                &self.gpu_memory_utilization,
+                &gpu,
+                s.utilization_memory_percent,
+            );
+            set_or_remove(&self.gpu_temperature, &gpu, s.temperature_celsius);
+            let processes = s.processes.as_ref().map(|p| p.len() as u32);
+            set_or_remove(&self.gpu_processes, &gpu, processes);
+            match s.power_milliwatts {
+                Some(mw) => {
+                    self.gpu_power
+                        .get_or_create(&gpu)
+                        .set(f64::from(mw) / 1000.0);
+                }
+                None => {
+                    self.gpu_power.remove(&gpu);
+                }
+            }
         }
     }
 
@@ -167,6 +220,17 @@ impl Telemetry {
     }
 }
 
+fn set_or_remove(family: &Family<GpuLabel, Gauge>, gpu: &GpuLabel, value: Option<u32>) {
+    match value {
+        Some(v) => {
+            family.get_or_create(gpu).set(i64::from(v));
+        }
+        None => {
+            family.remove(gpu);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,11 +238,20 @@ mod tests {
     #[test]
     fn renders_what_was_recorded() {
         let t = Telemetry::new();
-        t.gpus(&[GpuStatus {
-            index: 2,
-            memory_used_bytes: 1234,
-            healthy: false,
-        }]);
+        t.gpus(&[
+            GpuStatus::unhealthy(2, 1234, "xid 79: the gpu has fallen off the bus"),
+            GpuStatus {
+                utilization_gpu_percent: Some(87),
+                utilization_memory_percent: Some(41),
+                power_milliwatts: Some(312_500),
+                temperature_celsius: Some(64),
+                processes: Some(vec![nightshift_common::GpuProcess {
+                    pid: 4242,
+                    used_memory_bytes: Some(70 << 30),
+                }]),
+                ..GpuStatus::healthy(3, 70 << 30)
+            },
+        ]);
         t.scrape(true);
         t.scrape(false);
         t.scrape(false);
@@ -193,6 +266,12 @@ mod tests {
         for line in [
             "nightshift_agent_gpu_memory_used_bytes{gpu=\"2\"} 1234",
             "nightshift_agent_gpu_healthy{gpu=\"2\"} 0",
+            "nightshift_agent_gpu_healthy{gpu=\"3\"} 1",
+            "nightshift_agent_gpu_utilization_percent{gpu=\"3\"} 87",
+            "nightshift_agent_gpu_memory_utilization_percent{gpu=\"3\"} 41",
+            "nightshift_agent_gpu_power_watts{gpu=\"3\"} 312.5",
+            "nightshift_agent_gpu_temperature_celsius{gpu=\"3\"} 64",
+            "nightshift_agent_gpu_processes{gpu=\"3\"} 1",
             "nightshift_agent_vllm_scrapes_total{result=\"ok\"} 1",
             "nightshift_agent_vllm_scrapes_total{result=\"error\"} 2",
             "nightshift_agent_reconcile_errors_total 1",
@@ -203,5 +282,34 @@ mod tests {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
         assert!(text.ends_with("# EOF\n"));
+        // GPU 2 reports no utilisation, power or temperature: those series are absent.
+        for name in [
+            "gpu_utilization_percent",
+            "gpu_power_watts",
+            "gpu_temperature_celsius",
+            "gpu_processes",
+        ] {
+            let series = format!("nightshift_agent_{name}{{gpu=\"2\"}}");
+            assert!(!text.contains(&series), "{series} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_reading_that_goes_away_removes_its_series() {
+        let t = Telemetry::new();
+        let reading = GpuStatus {
+            temperature_celsius: Some(70),
+            power_milliwatts: Some(100_000),
+            ..GpuStatus::healthy(0, 0)
+        };
+        t.gpus(std::slice::from_ref(&reading));
+        assert!(
+            t.render()
+                .contains("nightshift_agent_gpu_temperature_celsius{gpu=\"0\"} 70")
+        );
+        t.gpus(&[GpuStatus::healthy(0, 0)]);
+        let text = t.render();
+        assert!(!text.contains("gpu_temperature_celsius{"), "{text}");
+        assert!(!text.contains("gpu_power_watts{"), "{text}");
     }
 }

@@ -89,12 +89,71 @@ pub struct HostFacts {
     pub checkpoint_volume_free_bytes: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One GPU's state at a heartbeat. Every reading after `healthy` is optional: a GPU or driver
+/// that does not support it (NVML's `NotSupported`) leaves it out, and it means "unknown",
+/// never zero. Agents that predate a field simply omit it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuStatus {
     pub index: u32,
     pub memory_used_bytes: u64,
+    /// False when the GPU must not be leased: lost, needing a reset, a critical XID event,
+    /// uncorrectable ECC errors or retired pages pending. The coordinator never places a job
+    /// on an unhealthy GPU.
     pub healthy: bool,
+    /// Why `healthy` is false, for operators (`xid 79: ...`, `2 volatile uncorrectable ecc
+    /// errors`); absent when healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_reason: Option<String>,
+    /// Share of the last sample period in which a kernel ran, 0 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_gpu_percent: Option<u32>,
+    /// Share of the last sample period in which device memory was read or written, 0 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_memory_percent: Option<u32>,
+    /// Power draw in milliwatts, as NVML reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_milliwatts: Option<u32>,
+    /// GPU die temperature in degrees Celsius.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_celsius: Option<u32>,
+    /// The compute processes on the GPU; `None` when they cannot be listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<GpuProcess>>,
+}
+
+/// A process that holds a GPU context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProcess {
+    /// In the host's PID namespace.
+    pub pid: u32,
+    /// `None` where the driver does not say (NVML's "value not available").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_memory_bytes: Option<u64>,
+}
+
+impl GpuStatus {
+    /// A healthy GPU with `memory_used_bytes` in use and no other reading.
+    pub fn healthy(index: u32, memory_used_bytes: u64) -> Self {
+        Self {
+            index,
+            memory_used_bytes,
+            healthy: true,
+            ..Self::default()
+        }
+    }
+
+    /// An unhealthy GPU, and why.
+    pub fn unhealthy(index: u32, memory_used_bytes: u64, reason: impl Into<String>) -> Self {
+        Self {
+            index,
+            memory_used_bytes,
+            healthy: false,
+            unhealthy_reason: Some(reason.into()),
+            ..Self::default()
+        }
+    }
 }
 
 /// The life of a vLLM replica on a node.
@@ -273,4 +332,44 @@ pub struct PhaseRecord {
 pub enum SequenceKind {
     Drain,
     Reclaim,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_status_keeps_the_old_wire_form() {
+        let old = r#"{"index":2,"memory_used_bytes":5,"healthy":true}"#;
+        let parsed: GpuStatus = serde_json::from_str(old).expect("an old agent's status");
+        assert_eq!(parsed, GpuStatus::healthy(2, 5));
+        assert_eq!(serde_json::to_string(&parsed).expect("json"), old);
+    }
+
+    #[test]
+    fn gpu_status_with_readings_and_a_reason_round_trips() {
+        let status = GpuStatus {
+            utilization_gpu_percent: Some(97),
+            utilization_memory_percent: Some(41),
+            power_milliwatts: Some(650_000),
+            temperature_celsius: Some(71),
+            processes: Some(vec![GpuProcess {
+                pid: 3117,
+                used_memory_bytes: None,
+            }]),
+            ..GpuStatus::unhealthy(1, 7, "xid 79: the gpu has fallen off the bus")
+        };
+        let json = serde_json::to_string(&status).expect("json");
+        assert_eq!(
+            json,
+            r#"{"index":1,"memory_used_bytes":7,"healthy":false,"unhealthy_reason":"xid 79: the gpu has fallen off the bus","utilization_gpu_percent":97,"utilization_memory_percent":41,"power_milliwatts":650000,"temperature_celsius":71,"processes":[{"pid":3117}]}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<GpuStatus>(&json).expect("parse"),
+            status
+        );
+        let unknown = r#"{"index":0,"memory_used_bytes":0,"healthy":true,"fan_percent":30}"#;
+        let error = serde_json::from_str::<GpuStatus>(unknown).expect_err("unknown field");
+        assert!(error.to_string().contains("fan_percent"), "{error}");
+    }
 }

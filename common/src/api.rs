@@ -134,6 +134,19 @@ pub struct NodeGpuView {
     /// The job holding this GPU under a lease, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<u64>,
+    /// False when the agent reports the GPU unhealthy (it is then never leased); `None`
+    /// before the first heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// Why the GPU is unhealthy, as the agent reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_gpu_percent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_milliwatts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_celsius: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -720,6 +720,7 @@ pub fn render_job(job: &JobView, now: UnixMillis) -> String {
 
 /// `nodes` as a table. GPUS is `lent to jobs / total`; JOBS lists the jobs holding them;
 /// LAST HEARTBEAT says when the agent last reported, and whether it is considered reachable.
+/// Below the table, each GPU the agent reports unhealthy (never leased), and why.
 pub fn render_nodes(nodes: &[NodeView], now: UnixMillis) -> String {
     if nodes.is_empty() {
         return "no nodes\n".to_owned();
@@ -755,10 +756,22 @@ pub fn render_nodes(nodes: &[NodeView], now: UnixMillis) -> String {
             ]
         })
         .collect::<Vec<_>>();
-    table(
+    let mut text = table(
         &["NAME", "MODE", "REPLICA", "GPUS", "JOBS", "LAST HEARTBEAT"],
         &rows,
-    )
+    );
+    for node in nodes {
+        for gpu in node.gpus.iter().filter(|g| g.healthy == Some(false)) {
+            let reason = gpu.unhealthy_reason.as_deref().unwrap_or("no reason given");
+            text.push_str(&format!(
+                "{} gpu {} unhealthy, not leased: {}\n",
+                clean(&node.name),
+                gpu.index,
+                clean(reason)
+            ));
+        }
+    }
+    text
 }
 
 fn mode_str(mode: NodeMode) -> &'static str {
@@ -1220,6 +1233,8 @@ message:      resumed from step 1100
         );
         lost.reachable = false;
         lost.last_heartbeat = Some(T0);
+        lost.gpus[3].healthy = Some(false);
+        lost.gpus[3].unhealthy_reason = Some("xid 79: the gpu has fallen off the bus".into());
         let mut new = fake::node("gpu-05", NodeMode::Serve, [None; 4]);
         new.replica = None;
         new.last_heartbeat = None;
@@ -1237,6 +1252,7 @@ gpu-01  serve  serving  0/4   -     1s ago
 gpu-03  lend   stopped  2/4   7     1s ago
 gpu-04  lend   stopped  3/4   9,12  5m ago (unreachable)
 gpu-05  serve  -        0/4   -     never
+gpu-04 gpu 3 unhealthy, not leased: xid 79: the gpu has fallen off the bus
 "
         );
         assert_eq!(render_nodes(&[], NOW), "no nodes\n");

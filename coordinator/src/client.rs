@@ -680,6 +680,11 @@ pub(crate) mod fake {
                     memory_total_bytes: 80 << 30,
                     memory_used_bytes: Some(1 << 30),
                     job_id: *job_id,
+                    healthy: Some(true),
+                    unhealthy_reason: None,
+                    utilization_gpu_percent: Some(if job_id.is_some() { 97 } else { 0 }),
+                    power_milliwatts: Some(312_000),
+                    temperature_celsius: Some(54),
                 })
                 .collect(),
             replica: Some(ReplicaStatus {

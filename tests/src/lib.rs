@@ -245,21 +245,20 @@ impl Drop for TestCoordinator {
 
 /// Starts an agent in-process, with its readiness endpoint on an ephemeral port.
 pub async fn start_agent(cfg: AgentConfig, gpus: u32) -> (AgentHandle, String) {
-    let node = cfg.node_name();
+    let fake = Arc::new(FakeGpus::new(&cfg.node_name(), gpus));
+    start_agent_with(cfg, fake).await
+}
+
+/// [`start_agent`] on fake GPUs the test keeps a handle to (to mark one unhealthy, say).
+pub async fn start_agent_with(cfg: AgentConfig, gpus: Arc<FakeGpus>) -> (AgentHandle, String) {
     let engine = DockerEngine::connect().await.expect("docker");
     let serving = HttpServing::new().expect("http client");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind readiness");
     let status_url = format!("http://{}/status", listener.local_addr().expect("addr"));
-    let handle = nightshift_agent::agent::start(
-        cfg,
-        engine,
-        FakeGpus::new(&node, gpus),
-        serving,
-        Some(listener),
-    )
-    .expect("start agent");
+    let handle = nightshift_agent::agent::start(cfg, engine, gpus, serving, Some(listener))
+        .expect("start agent");
     (handle, status_url)
 }
 

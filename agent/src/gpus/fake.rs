@@ -1,15 +1,18 @@
 //! `FakeGpus`: an in-memory world of N GPUs, for hosts without a driver, tests and the demo.
 //!
 //! The world is behind a mutex so that a test holding a shared reference can change it while
-//! the agent reads it: set a GPU's used memory, mark a GPU unhealthy, or make the next
-//! `status` call fail. Every call through the [`Gpus`] port is recorded. A container is given
+//! the agent reads it: set a GPU's used memory and readings (utilisation, power,
+//! temperature, processes), mark a GPU unhealthy with a reason, deliver an XID event or ECC
+//! counters (judged by the same policy as real GPUs, `gpus/health.rs`), or make the next
+//! `status` call fail. Readings nobody set are unknown (`None`), as on a GPU without them. Every call through the [`Gpus`] port is recorded. A container is given
 //! fake GPUs only through `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES`, since there is no
 //! GPU runtime to attach them.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use nightshift_common::{GpuInfo, GpuStatus};
+use nightshift_common::{GpuInfo, GpuProcess, GpuStatus};
 
+use super::health::{self, EccReadings};
 use super::{GpuError, Gpus};
 use crate::engine::GpuAccess;
 
@@ -41,9 +44,16 @@ struct World {
 #[derive(Debug)]
 struct FakeGpu {
     info: GpuInfo,
-    memory_used_bytes: u64,
-    healthy: bool,
+    /// What `status` reports, health and reason aside.
+    status: GpuStatus,
+    /// Set by hand (`set_healthy`, `set_unhealthy`) or by a critical XID; cleared only by
+    /// hand, as a real XID verdict lasts until the GPU is reset.
+    marked: Option<String>,
+    ecc: EccReadings,
 }
+
+/// What `set_healthy(index, false)` gives as the reason.
+pub const MARKED_UNHEALTHY: &str = "marked unhealthy";
 
 impl FakeGpus {
     /// `count` idle, healthy GPUs of the default model, with UUIDs `GPU-fake-<node>-<index>`.
@@ -60,8 +70,9 @@ impl FakeGpus {
                     name: name.to_owned(),
                     memory_total_bytes,
                 },
-                memory_used_bytes: 0,
-                healthy: true,
+                status: GpuStatus::healthy(index, 0),
+                marked: None,
+                ecc: EccReadings::default(),
             })
             .collect();
         Self {
@@ -75,12 +86,64 @@ impl FakeGpus {
 
     /// Sets the memory in use on GPU `index`, as a process on it would.
     pub fn set_memory_used(&self, index: u32, bytes: u64) -> Result<(), GpuError> {
-        self.with_gpu(index, |gpu| gpu.memory_used_bytes = bytes)
+        self.with_gpu(index, |gpu| gpu.status.memory_used_bytes = bytes)
     }
 
-    /// Marks GPU `index` healthy or not, as a lost GPU or an XID error would.
+    /// Marks GPU `index` healthy (clearing every reason: XID, ECC counters, set by hand) or
+    /// unhealthy with the reason [`MARKED_UNHEALTHY`].
     pub fn set_healthy(&self, index: u32, healthy: bool) -> Result<(), GpuError> {
-        self.with_gpu(index, |gpu| gpu.healthy = healthy)
+        self.with_gpu(index, |gpu| {
+            gpu.marked = (!healthy).then(|| MARKED_UNHEALTHY.to_owned());
+            if healthy {
+                gpu.ecc = EccReadings::default();
+            }
+        })
+    }
+
+    /// Marks GPU `index` unhealthy, and says why.
+    pub fn set_unhealthy(&self, index: u32, reason: &str) -> Result<(), GpuError> {
+        self.with_gpu(index, |gpu| gpu.marked = Some(reason.to_owned()))
+    }
+
+    /// Delivers a critical XID event for GPU `index`, as NVML's event set would: the GPU
+    /// becomes unhealthy unless the XID is one NVIDIA attributes to the application.
+    pub fn inject_xid(&self, index: u32, xid: u64) -> Result<(), GpuError> {
+        self.with_gpu(index, |gpu| {
+            if gpu.marked.is_none() {
+                gpu.marked = health::xid_verdict(xid);
+            }
+        })
+    }
+
+    /// Sets GPU `index`'s ECC counters; they are judged at every `status`.
+    pub fn set_ecc(&self, index: u32, ecc: EccReadings) -> Result<(), GpuError> {
+        self.with_gpu(index, |gpu| gpu.ecc = ecc)
+    }
+
+    /// Sets GPU `index`'s utilisation (kernels, memory), in percent.
+    pub fn set_utilization(&self, index: u32, gpu: u32, memory: u32) -> Result<(), GpuError> {
+        self.with_gpu(index, |g| {
+            g.status.utilization_gpu_percent = Some(gpu);
+            g.status.utilization_memory_percent = Some(memory);
+        })
+    }
+
+    /// Sets GPU `index`'s power draw and temperature.
+    pub fn set_power_and_temperature(
+        &self,
+        index: u32,
+        milliwatts: u32,
+        celsius: u32,
+    ) -> Result<(), GpuError> {
+        self.with_gpu(index, |gpu| {
+            gpu.status.power_milliwatts = Some(milliwatts);
+            gpu.status.temperature_celsius = Some(celsius);
+        })
+    }
+
+    /// Sets the compute processes on GPU `index`.
+    pub fn set_processes(&self, index: u32, processes: Vec<GpuProcess>) -> Result<(), GpuError> {
+        self.with_gpu(index, |gpu| gpu.status.processes = Some(processes))
     }
 
     /// Makes the next `status` call, and only that one, return `error`.
@@ -138,10 +201,12 @@ impl Gpus for FakeGpus {
 
 impl FakeGpu {
     fn status(&self) -> GpuStatus {
+        let reasons = [self.marked.clone(), health::ecc_verdict(&self.ecc)];
+        let unhealthy_reason = health::unhealthy_reason(reasons);
         GpuStatus {
-            index: self.info.index,
-            memory_used_bytes: self.memory_used_bytes,
-            healthy: self.healthy,
+            healthy: unhealthy_reason.is_none(),
+            unhealthy_reason,
+            ..self.status.clone()
         }
     }
 }
@@ -151,11 +216,7 @@ mod tests {
     use super::*;
 
     fn idle(index: u32) -> GpuStatus {
-        GpuStatus {
-            index,
-            memory_used_bytes: 0,
-            healthy: true,
-        }
+        GpuStatus::healthy(index, 0)
     }
 
     #[test]
@@ -210,21 +271,80 @@ mod tests {
             gpus.status().expect("status"),
             [
                 idle(0),
-                GpuStatus {
-                    index: 1,
-                    memory_used_bytes: 70 << 30,
-                    healthy: true
-                },
-                GpuStatus {
-                    index: 2,
-                    memory_used_bytes: 0,
-                    healthy: false
-                },
+                GpuStatus::healthy(1, 70 << 30),
+                GpuStatus::unhealthy(2, 0, MARKED_UNHEALTHY),
             ]
         );
         gpus.set_memory_used(1, 0).expect("gpu 1");
         gpus.set_healthy(2, true).expect("gpu 2");
         assert_eq!(gpus.status().expect("status"), [idle(0), idle(1), idle(2)]);
+    }
+
+    #[test]
+    fn readings_are_unknown_until_set() {
+        let gpus = FakeGpus::new("n", 2);
+        gpus.set_utilization(1, 93, 40).expect("gpu 1");
+        gpus.set_power_and_temperature(1, 650_000, 71)
+            .expect("gpu 1");
+        let vllm = GpuProcess {
+            pid: 3117,
+            used_memory_bytes: Some(75 << 30),
+        };
+        gpus.set_processes(1, vec![vllm.clone()]).expect("gpu 1");
+        assert_eq!(
+            gpus.status().expect("status"),
+            [
+                idle(0),
+                GpuStatus {
+                    utilization_gpu_percent: Some(93),
+                    utilization_memory_percent: Some(40),
+                    power_milliwatts: Some(650_000),
+                    temperature_celsius: Some(71),
+                    processes: Some(vec![vllm]),
+                    ..idle(1)
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn critical_xids_and_ecc_errors_make_a_gpu_unhealthy_with_a_reason() {
+        let gpus = FakeGpus::new("n", 4);
+        gpus.inject_xid(0, 79).expect("gpu 0");
+        gpus.inject_xid(0, 48).expect("gpu 0");
+        gpus.inject_xid(1, 13).expect("gpu 1");
+        gpus.set_ecc(
+            2,
+            EccReadings {
+                volatile_uncorrected: Some(2),
+                pages_pending_retirement: Some(false),
+            },
+        )
+        .expect("gpu 2");
+        gpus.set_unhealthy(3, "fan failure").expect("gpu 3");
+        let reasons: Vec<_> = gpus
+            .status()
+            .expect("status")
+            .into_iter()
+            .map(|s| (s.healthy, s.unhealthy_reason))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                (false, Some("xid 79: the gpu has fallen off the bus".into()),),
+                (true, None),
+                (false, Some("2 volatile uncorrectable ecc errors".into())),
+                (false, Some("fan failure".into())),
+            ],
+            "the first xid is the reason; an application xid leaves the gpu healthy"
+        );
+        for index in 0..4 {
+            gpus.set_healthy(index, true).expect("gpu");
+        }
+        assert_eq!(
+            gpus.status().expect("status"),
+            [idle(0), idle(1), idle(2), idle(3)]
+        );
     }
 
     #[test]

@@ -3,17 +3,29 @@
 //! nvml-wrapper loads `libnvidia-ml.so.1` at run time, so the agent builds and starts on a
 //! host without a driver; [`NvmlGpus::open`] then fails with a message that says which
 //! library it looked for and why it could not use it. Every call is a blocking FFI call:
-//! callers on an async runtime wrap them in `spawn_blocking`. A GPU that has fallen off the
-//! bus or needs a reset is reported unhealthy rather than failing the whole status (XID
-//! events are later work).
+//! callers on an async runtime wrap them in `spawn_blocking`.
+//!
+//! Besides memory, each status reads utilisation, power, temperature, the compute processes
+//! and the ECC counters. Any of those a GPU does not support (`NotSupported`) is left out
+//! (unknown), never an error of the whole status. A GPU is unhealthy when it has fallen off
+//! the bus or needs a reset, when a critical XID event arrived for it (a thread waits on an
+//! NVML event set), or when its ECC counters say so; `gpus/health.rs` holds the policy.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use nightshift_common::{GpuInfo, GpuStatus};
+use nightshift_common::{GpuInfo, GpuProcess, GpuStatus};
 use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 
+use super::health::{self, EccReadings};
 use super::{GpuError, Gpus};
 use crate::engine::GpuAccess;
 
@@ -23,9 +35,24 @@ pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 /// What to do when NVML cannot be used, appended to [`GpuError::Unavailable`] messages.
 const REMEDY: &str = "install the NVIDIA driver or set gpus.fake = N to run on fake GPUs";
 
+/// How long the XID watcher waits on the event set before looking at its stop flag.
+const XID_WAIT_MS: u32 = 1_000;
+
+/// GPU index → why a critical XID event made it unhealthy (the first such event wins).
+type XidVerdicts = Arc<Mutex<BTreeMap<u32, String>>>;
+
 #[derive(Debug)]
 pub struct NvmlGpus {
-    nvml: Nvml,
+    nvml: Arc<Nvml>,
+    xids: XidVerdicts,
+    /// Set on drop: the XID watcher thread then ends within [`XID_WAIT_MS`].
+    stop_watcher: Arc<AtomicBool>,
+}
+
+impl Drop for NvmlGpus {
+    fn drop(&mut self) {
+        self.stop_watcher.store(true, Ordering::Relaxed);
+    }
 }
 
 impl NvmlGpus {
@@ -37,7 +64,23 @@ impl NvmlGpus {
             .lib_path(library)
             .init()
             .map_err(|error| GpuError::Unavailable(unavailable(library, &error)))?;
-        Ok(Self { nvml })
+        let gpus = Self {
+            nvml: Arc::new(nvml),
+            xids: XidVerdicts::default(),
+            stop_watcher: Arc::new(AtomicBool::new(false)),
+        };
+        let (nvml, xids, stop) = (
+            Arc::clone(&gpus.nvml),
+            Arc::clone(&gpus.xids),
+            Arc::clone(&gpus.stop_watcher),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("nvml-xid".into())
+            .spawn(move || watch_xids(&nvml, &xids, &stop));
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "could not start the xid watcher; xid events are not seen");
+        }
+        Ok(gpus)
     }
 
     fn count(&self) -> Result<u32, GpuError> {
@@ -60,24 +103,56 @@ impl NvmlGpus {
         let used = self
             .nvml
             .device_by_index(index)
-            .and_then(|device| device.memory_info())
-            .map(|memory| memory.used);
-        match used {
-            Ok(memory_used_bytes) => Ok(GpuStatus {
-                index,
-                memory_used_bytes,
-                healthy: true,
-            }),
+            .and_then(|device| Ok((device.memory_info()?.used, device)));
+        let (memory_used_bytes, device) = match used {
+            Ok(read) => read,
             Err(error) if is_device_fault(&error) => {
                 tracing::warn!(gpu.index = index, %error, "gpu is unhealthy");
-                Ok(GpuStatus {
-                    index,
-                    memory_used_bytes: 0,
-                    healthy: false,
-                })
+                return Ok(GpuStatus::unhealthy(index, 0, format!("nvml: {error}")));
             }
-            Err(error) => Err(device_error(index, &error)),
-        }
+            Err(error) => return Err(device_error(index, &error)),
+        };
+        let mut read = Readings::new(index);
+        let utilization = read.optional("utilization", device.utilization_rates());
+        let processes = read
+            .optional("processes", device.running_compute_processes())
+            .map(|list| list.into_iter().map(process).collect());
+        let ecc = EccReadings {
+            volatile_uncorrected: read.optional(
+                "ecc errors",
+                device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
+            ),
+            pages_pending_retirement: read
+                .optional("retired pages", device.are_pages_pending_retired()),
+        };
+        let status = GpuStatus {
+            utilization_gpu_percent: utilization.as_ref().map(|u| u.gpu),
+            utilization_memory_percent: utilization.as_ref().map(|u| u.memory),
+            power_milliwatts: read.optional("power", device.power_usage()),
+            temperature_celsius: read
+                .optional("temperature", device.temperature(TemperatureSensor::Gpu)),
+            processes,
+            ..GpuStatus::healthy(index, memory_used_bytes)
+        };
+        let reasons = [
+            read.fault,
+            self.xid_verdict(index),
+            health::ecc_verdict(&ecc),
+        ];
+        let unhealthy_reason = health::unhealthy_reason(reasons);
+        Ok(GpuStatus {
+            healthy: unhealthy_reason.is_none(),
+            unhealthy_reason,
+            ..status
+        })
+    }
+
+    fn xid_verdict(&self, index: u32) -> Option<String> {
+        self.xids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&index)
+            .cloned()
     }
 
     fn uuids(&self, indices: &[u32]) -> Result<Vec<String>, NvmlError> {
@@ -115,6 +190,120 @@ impl Gpus for NvmlGpus {
             indices.iter().map(u32::to_string).collect()
         });
         GpuAccess::DeviceRequest { device_ids }
+    }
+}
+
+/// The optional readings of one GPU's status: a reading the GPU does not support is `None`
+/// silently; a device fault makes it `None` and the GPU unhealthy; any other failure makes it
+/// `None` and is logged at debug level (it would repeat every heartbeat).
+struct Readings {
+    index: u32,
+    fault: Option<String>,
+}
+
+impl Readings {
+    fn new(index: u32) -> Self {
+        Self { index, fault: None }
+    }
+
+    fn optional<T>(&mut self, what: &str, result: Result<T, NvmlError>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(NvmlError::NotSupported) => None,
+            Err(error) if is_device_fault(&error) => {
+                tracing::warn!(gpu.index = self.index, %error, reading = what, "gpu is unhealthy");
+                self.fault
+                    .get_or_insert_with(|| format!("nvml: {what}: {error}"));
+                None
+            }
+            Err(error) => {
+                tracing::debug!(gpu.index = self.index, %error, reading = what, "gpu reading unavailable");
+                None
+            }
+        }
+    }
+}
+
+fn process(info: nvml_wrapper::struct_wrappers::device::ProcessInfo) -> GpuProcess {
+    GpuProcess {
+        pid: info.pid,
+        used_memory_bytes: match info.used_gpu_memory {
+            UsedGpuMemory::Used(bytes) => Some(bytes),
+            UsedGpuMemory::Unavailable => None,
+        },
+    }
+}
+
+/// Waits on an NVML event set for critical XID events on every GPU that supports them, and
+/// records the verdict of each (see `gpus/health.rs`) until `stop` is set. A GPU without XID
+/// events is still judged by its ECC counters.
+fn watch_xids(nvml: &Nvml, verdicts: &Mutex<BTreeMap<u32, String>>, stop: &AtomicBool) {
+    let mut set = match nvml.create_event_set() {
+        Ok(set) => set,
+        Err(error) => {
+            tracing::warn!(%error, "no nvml event set; xid events are not seen");
+            return;
+        }
+    };
+    let count = nvml.device_count().unwrap_or(0);
+    let mut watched = 0;
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let supported = device
+            .supported_event_types()
+            .is_ok_and(|types| types.contains(EventTypes::CRITICAL_XID_ERROR));
+        if !supported {
+            tracing::info!(
+                gpu.index = index,
+                "gpu has no xid events; health from ecc only"
+            );
+            continue;
+        }
+        // A failed registration frees the set (nvml-wrapper's contract): stop there.
+        set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(set) => set,
+            Err(error) => {
+                tracing::warn!(gpu.index = index, %error, "could not watch xid events");
+                return;
+            }
+        };
+        watched += 1;
+    }
+    tracing::info!(gpus = watched, "watching xid events");
+    while watched > 0 && !stop.load(Ordering::Relaxed) {
+        let event = match set.wait(XID_WAIT_MS) {
+            Ok(event) => event,
+            Err(NvmlError::Timeout) => continue,
+            Err(error) => {
+                tracing::warn!(%error, "waiting for xid events failed");
+                std::thread::sleep(std::time::Duration::from_millis(u64::from(XID_WAIT_MS)));
+                continue;
+            }
+        };
+        let Some(XidError::Value(xid)) = event.event_data else {
+            continue;
+        };
+        let Ok(index) = event.device.index() else {
+            tracing::warn!(xid, "xid event for a gpu whose index cannot be read");
+            continue;
+        };
+        match health::xid_verdict(xid) {
+            Some(reason) => {
+                tracing::error!(gpu.index = index, xid, %reason, "gpu is unhealthy: it will not be leased");
+                verdicts
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(index)
+                    .or_insert(reason);
+            }
+            None => tracing::warn!(
+                gpu.index = index,
+                xid,
+                "application xid; the gpu stays healthy"
+            ),
+        }
     }
 }
 
@@ -230,6 +419,59 @@ mod tests {
         );
     }
 
+    #[test]
+    fn unsupported_readings_are_unknown_and_faults_unhealthy() {
+        let mut read = Readings::new(2);
+        assert_eq!(read.optional("power", Ok(250_000_u32)), Some(250_000));
+        assert_eq!(
+            read.optional::<u32>("power", Err(NvmlError::NotSupported)),
+            None
+        );
+        assert_eq!(
+            read.optional::<u32>("fan", Err(NvmlError::NoPermission)),
+            None
+        );
+        assert_eq!(
+            read.fault, None,
+            "unsupported or forbidden is not unhealthy"
+        );
+        assert_eq!(
+            read.optional::<u32>("temperature", Err(NvmlError::GpuLost)),
+            None
+        );
+        assert_eq!(
+            read.optional::<u32>("power", Err(NvmlError::ResetRequired)),
+            None
+        );
+        assert_eq!(
+            read.fault.as_deref(),
+            Some("nvml: temperature: device fell off the bus or has otherwise become inacessible"),
+            "the first fault is the reason"
+        );
+    }
+
+    #[test]
+    fn process_memory_may_be_unknown() {
+        use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+        let info = |used_gpu_memory| ProcessInfo {
+            pid: 4242,
+            used_gpu_memory,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        };
+        assert_eq!(
+            process(info(UsedGpuMemory::Used(1 << 30))),
+            GpuProcess {
+                pid: 4242,
+                used_memory_bytes: Some(1 << 30)
+            }
+        );
+        assert_eq!(
+            process(info(UsedGpuMemory::Unavailable)).used_memory_bytes,
+            None
+        );
+    }
+
     /// Runs only on a host with an NVIDIA driver: `cargo test -- --ignored reads_real_gpus`.
     #[test]
     #[ignore = "needs an NVIDIA driver"]
@@ -253,6 +495,36 @@ mod tests {
                 state.healthy && state.memory_used_bytes <= gpu.memory_total_bytes,
                 "{state:?}"
             );
+            assert_eq!(state.unhealthy_reason, None, "{state:?}");
+            // Each reading is unknown or in range; a data-centre GPU reports them all.
+            for percent in [
+                state.utilization_gpu_percent,
+                state.utilization_memory_percent,
+            ] {
+                assert!(percent.is_none_or(|p| p <= 100), "{state:?}");
+            }
+            assert!(state.power_milliwatts.is_some_and(|mw| mw > 0), "{state:?}");
+            assert!(
+                state
+                    .temperature_celsius
+                    .is_some_and(|c| (5..=110).contains(&c)),
+                "{state:?}"
+            );
+            let processes = state.processes.as_ref().expect("compute processes listed");
+            for p in processes {
+                assert!(p.pid > 0, "{state:?}");
+                assert!(
+                    p.used_memory_bytes
+                        .is_none_or(|b| b <= gpu.memory_total_bytes),
+                    "{state:?}"
+                );
+            }
+        }
+        // The XID watcher thread started and registered (or logged why not) without
+        // marking a healthy GPU unhealthy.
+        std::thread::sleep(std::time::Duration::from_millis(1_500));
+        for state in gpus.status().expect("status again") {
+            assert!(state.healthy, "{state:?}");
         }
         let indices: Vec<u32> = inventory.iter().map(|gpu| gpu.index).collect();
         let device_ids = inventory.iter().map(|gpu| gpu.uuid.clone()).collect();

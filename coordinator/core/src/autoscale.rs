@@ -363,7 +363,7 @@ impl Core {
                     && n.mode == NodeMode::Serve
                     && n.replica_serving()
                     && n.reachable(now, ttl)
-                    && n.gpus.len() >= gpus
+                    && n.gpus.len() - n.unhealthy_gpus().len() >= gpus
                     && n.occupied_gpus().is_empty()
             })
             .collect();

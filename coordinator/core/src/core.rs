@@ -787,17 +787,21 @@ impl Core {
             gpus: n
                 .gpus
                 .iter()
-                .map(|g| NodeGpuView {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    name: g.name.clone(),
-                    memory_total_bytes: g.memory_total_bytes,
-                    memory_used_bytes: n
-                        .gpu_status
-                        .iter()
-                        .find(|s| s.index == g.index)
-                        .map(|s| s.memory_used_bytes),
-                    job_id: holder(g.index),
+                .map(|g| {
+                    let status = n.gpu_status.iter().find(|s| s.index == g.index);
+                    NodeGpuView {
+                        index: g.index,
+                        uuid: g.uuid.clone(),
+                        name: g.name.clone(),
+                        memory_total_bytes: g.memory_total_bytes,
+                        memory_used_bytes: status.map(|s| s.memory_used_bytes),
+                        job_id: holder(g.index),
+                        healthy: status.map(|s| s.healthy),
+                        unhealthy_reason: status.and_then(|s| s.unhealthy_reason.clone()),
+                        utilization_gpu_percent: status.and_then(|s| s.utilization_gpu_percent),
+                        power_milliwatts: status.and_then(|s| s.power_milliwatts),
+                        temperature_celsius: status.and_then(|s| s.temperature_celsius),
+                    }
                 })
                 .collect(),
             replica: n.replica.clone(),

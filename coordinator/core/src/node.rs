@@ -83,6 +83,15 @@ impl Node {
         gpus
     }
 
+    /// GPUs the agent's last heartbeat reported unhealthy: never leased.
+    pub fn unhealthy_gpus(&self) -> Vec<u32> {
+        self.gpu_status
+            .iter()
+            .filter(|s| !s.healthy)
+            .map(|s| s.index)
+            .collect()
+    }
+
     pub(crate) fn record_phases(&mut self, phases: &[PhaseRecord]) {
         let last = self.phases.back().map_or(0, |p| p.seq);
         for p in phases.iter().filter(|p| p.seq > last) {

@@ -2,7 +2,7 @@
 //!
 //! Jobs are taken in queue order (priority, fair share, age). A gang is placed all or
 //! nothing, one node per member. GPUs are picked lowest index first among those that no lease
-//! holds and no leftover container occupies, on the nodes with the fewest free GPUs that fit
+//! holds, no leftover container occupies and the agent does not report unhealthy, on the nodes with the fewest free GPUs that fit
 //! (packing, so that whole nodes stay free for big jobs). When the head of the queue does not
 //! fit, the nodes it would use next are reserved for it and later jobs backfill the rest.
 
@@ -46,14 +46,16 @@ impl Core {
             .collect()
     }
 
-    /// GPUs of `node` that no lease holds and no container occupies.
+    /// GPUs of `node` that no lease holds, no container occupies and the agent does not
+    /// report unhealthy.
     pub(crate) fn free_gpus(&self, n: &Node) -> Vec<u32> {
         let held = self.leases.held_gpus(&n.name);
         let occupied = n.occupied_gpus();
+        let unhealthy = n.unhealthy_gpus();
         n.gpus
             .iter()
             .map(|g| g.index)
-            .filter(|i| !held.contains(i) && !occupied.contains(i))
+            .filter(|i| !held.contains(i) && !occupied.contains(i) && !unhealthy.contains(i))
             .collect()
     }
 

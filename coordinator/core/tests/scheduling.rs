@@ -327,3 +327,51 @@ fn the_preempt_exempt_time_protects_a_job_that_just_started() {
     surge(&mut c);
     assert_eq!(placement(&c), "1:preempting@a 2:running@b");
 }
+
+#[test]
+fn an_unhealthy_gpu_is_never_leased_and_the_node_view_says_why() {
+    let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
+    long_jobs(&mut c, 1..=3);
+    let reason = "xid 79: the gpu has fallen off the bus";
+    c.agent("a").unhealthy.insert(1, reason.into());
+    c.run(1);
+    // a has only three healthy GPUs: a 4-GPU job goes to b, and a is not drained for it.
+    c.core.submit(c.now, spec("four", 4)).unwrap();
+    c.run(10);
+    assert_eq!(placement(&c), "1:running@b");
+    assert_eq!(modes(&c), "a=serve b=lend");
+    // A 2-GPU job takes a's lowest healthy GPUs, skipping GPU 1.
+    c.core.submit(c.now, spec("two", 2)).unwrap();
+    c.run(10);
+    assert_eq!(placement(&c), "1:running@b 2:running@a");
+    assert_eq!(c.core.job(2).unwrap().leases[0].gpus, [0, 2]);
+    // The one healthy GPU left on a is not enough for another 2-GPU job.
+    c.core.submit(c.now, spec("two-more", 2)).unwrap();
+    c.run(10);
+    assert_eq!(placement(&c), "1:running@b 2:running@a 3:queued@");
+    let a = c
+        .core
+        .nodes(c.now)
+        .into_iter()
+        .find(|n| n.name == "a")
+        .unwrap();
+    let health: Vec<_> = a
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.healthy, g.unhealthy_reason.as_deref()))
+        .collect();
+    assert_eq!(
+        health,
+        [
+            (0, Some(true), None),
+            (1, Some(false), Some(reason)),
+            (2, Some(true), None),
+            (3, Some(true), None),
+        ]
+    );
+    // Once the agent reports the GPU healthy again, it is leased like any other.
+    c.agent("a").unhealthy.clear();
+    c.run(3);
+    assert_eq!(placement(&c), "1:running@b 2:running@a 3:running@a");
+    assert_eq!(c.core.job(3).unwrap().leases[0].gpus, [1, 3]);
+}

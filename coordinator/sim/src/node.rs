@@ -360,14 +360,13 @@ impl SimNode {
             .collect();
         Heartbeat {
             gpus: (0..self.gpus)
-                .map(|i| GpuStatus {
-                    index: i,
-                    memory_used_bytes: if replica_busy || busy.contains(&i) {
+                .map(|i| {
+                    let used = if replica_busy || busy.contains(&i) {
                         70 << 30
                     } else {
                         0
-                    },
-                    healthy: true,
+                    };
+                    GpuStatus::healthy(i, used)
                 })
                 .collect(),
             replica: ReplicaStatus {

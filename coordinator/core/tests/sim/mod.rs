@@ -79,6 +79,8 @@ pub struct SimAgent {
     pub exit_codes: BTreeMap<u64, i64>,
     /// Last checkpoint time each job reports, by job id.
     pub checkpoints: BTreeMap<u64, u64>,
+    /// GPUs the agent reports unhealthy, and why.
+    pub unhealthy: BTreeMap<u32, String>,
 }
 
 impl SimAgent {
@@ -101,6 +103,7 @@ impl SimAgent {
             fenced: BTreeMap::new(),
             exit_codes: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
+            unhealthy: BTreeMap::new(),
         }
     }
 
@@ -215,10 +218,9 @@ impl SimAgent {
         };
         Heartbeat {
             gpus: (0..self.gpus)
-                .map(|i| GpuStatus {
-                    index: i,
-                    memory_used_bytes: 0,
-                    healthy: true,
+                .map(|i| match self.unhealthy.get(&i) {
+                    Some(reason) => GpuStatus::unhealthy(i, 0, reason.as_str()),
+                    None => GpuStatus::healthy(i, 0),
                 })
                 .collect(),
             replica: ReplicaStatus {

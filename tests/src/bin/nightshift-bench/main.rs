@@ -516,13 +516,7 @@ fn beat_of(state: &mut AgentState, job_beats: u32) -> Heartbeat {
         })
         .collect();
     Heartbeat {
-        gpus: (0..4)
-            .map(|g| GpuStatus {
-                index: g,
-                memory_used_bytes: 0,
-                healthy: true,
-            })
-            .collect(),
+        gpus: (0..4).map(|g| GpuStatus::healthy(g, 0)).collect(),
         replica: ReplicaStatus {
             state: if state.serve {
                 ReplicaState::Serving
