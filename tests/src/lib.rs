@@ -336,6 +336,23 @@ pub fn workspace_bin(name: &str) -> std::path::PathBuf {
     bin
 }
 
+/// Runs the `nightshift` CLI against the coordinator at `url`: its exit code, stdout and
+/// stderr.
+pub async fn nightshift(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(workspace_bin("nightshift"))
+        .arg("--coordinator")
+        .arg(url)
+        .args(args)
+        .output()
+        .await
+        .expect("run nightshift");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

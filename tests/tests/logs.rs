@@ -10,21 +10,6 @@ use tokio::io::AsyncReadExt;
 
 const STARTUP: Duration = Duration::from_secs(60);
 
-async fn nightshift(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(workspace_bin("nightshift"))
-        .arg("--coordinator")
-        .arg(url)
-        .args(args)
-        .output()
-        .await
-        .expect("run nightshift");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_from_the_start_the_tail_and_following() {
     init_tracing();

@@ -124,21 +124,6 @@ impl Drop for RemoveImages {
     }
 }
 
-async fn nightshift(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(workspace_bin("nightshift"))
-        .arg("--coordinator")
-        .arg(url)
-        .args(args)
-        .output()
-        .await
-        .expect("run nightshift");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
     init_tracing();
