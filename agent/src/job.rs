@@ -251,6 +251,7 @@ mod tests {
                 capture: Default::default(),
                 files: Vec::new(),
                 sandbox: Default::default(),
+                max_run_seconds: None,
             },
             rendezvous: None,
         }

@@ -48,6 +48,11 @@ pub struct JobSpec {
     /// Privileges beyond an unprivileged container, each refused unless policy allows it.
     #[serde(default, skip_serializing_if = "crate::sandbox::Sandbox::is_default")]
     pub sandbox: crate::sandbox::Sandbox,
+    /// The most time the job may run, summed over its attempts (time preempted or queued
+    /// does not count), like Slurm's `--time`: past it, the job is stopped (checkpoint signal,
+    /// grace, kill) and fails without a retry. Set by the coordinator's policy when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_run_seconds: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -238,6 +243,7 @@ impl JobSpec {
             capture: Capture::default(),
             files: Vec::new(),
             sandbox: Default::default(),
+            max_run_seconds: None,
         }
     }
 
@@ -271,6 +277,9 @@ impl JobSpec {
             ));
         }
         self.sandbox.validate()?;
+        if self.max_run_seconds == Some(0) {
+            return Err(SpecError::new("maxRunSeconds", "must be at least 1"));
+        }
         if self.retry.backoff_factor == 0 {
             return Err(SpecError::new("retry.backoffFactor", "must be at least 1"));
         }
@@ -369,6 +378,7 @@ mod tests {
             capture: Default::default(),
             files: Vec::new(),
             sandbox: Default::default(),
+            max_run_seconds: None,
         }
     }
 

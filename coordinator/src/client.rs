@@ -619,6 +619,7 @@ pub(crate) mod fake {
             capture: Default::default(),
             files: Vec::new(),
             sandbox: Default::default(),
+            max_run_seconds: None,
         }
     }
 

@@ -319,6 +319,7 @@ fn trainer() -> JobSpec {
         capture: Default::default(),
         files: Vec::new(),
         sandbox: Default::default(),
+        max_run_seconds: None,
     }
 }
 

@@ -425,6 +425,7 @@ fn job_spec(name: &str, spec: &StepSpec) -> JobSpec {
             })
             .collect(),
         sandbox: Default::default(),
+        max_run_seconds: None,
     }
 }
 

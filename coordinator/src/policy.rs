@@ -9,11 +9,13 @@
 //! top level is answered with the rule instead of a bare "unknown field", so that the
 //! researcher knows it is policy, not a typo.
 //!
-//! Limits on GPUs hold per job and per team; `[policy.teams.NAME]` overrides them for one
-//! team.
+//! Limits on GPUs hold per job and per team, and a limit on run time per job
+//! (`max_run_seconds_per_job`, filled into a job that names none); `[policy.teams.NAME]`
+//! overrides them for one team. The same rules admit a pipeline's steps.
 
 use std::collections::BTreeMap;
 
+use nightshift_common::JobSpec;
 use nightshift_common::sandbox::{self, Sandbox};
 use serde::Deserialize;
 
@@ -42,7 +44,10 @@ pub struct PolicyConfig {
     /// normalisation; `..` is refused. Symbolic links on the hosts are not resolved: list
     /// only trees that researchers cannot write links into.
     pub host_mount_allowlist: Vec<String>,
-    /// Per-team overrides of the GPU limits, by owner.
+    /// Most seconds one job may run, summed over its attempts; 0 for no limit. A job that
+    /// asks for no limit (`maxRunSeconds`) gets this one; one that asks for more is refused.
+    pub max_run_seconds_per_job: u64,
+    /// Per-team overrides of the GPU and run-time limits, by owner.
     pub teams: BTreeMap<String, TeamPolicy>,
 }
 
@@ -54,6 +59,8 @@ pub struct TeamPolicy {
     pub max_gpus: Option<u32>,
     /// Replaces `max_gpus_per_job` for this team's jobs (0 for no limit).
     pub max_gpus_per_job: Option<u32>,
+    /// Replaces `max_run_seconds_per_job` for this team's jobs (0 for no limit).
+    pub max_run_seconds: Option<u64>,
 }
 
 /// A job that breaks a rule.
@@ -136,6 +143,40 @@ impl PolicyConfig {
             team.and_then(|t| t.max_gpus)
                 .unwrap_or(self.max_gpus_per_team),
         )
+    }
+
+    /// Admits a job whose owner already has `owner_gpus` GPUs asked for by unfinished jobs:
+    /// the rules that hold for everyone ([`Self::check`], then the run-time limit, which it
+    /// fills in when the job names none). The sandbox is checked apart
+    /// ([`Self::check_sandbox`]): an admin may waive it.
+    pub fn admit(&self, spec: &mut JobSpec, owner_gpus: u32) -> Result<(), PolicyError> {
+        let owner = spec.owner.as_deref();
+        self.check(&spec.image, spec.gpus, owner, owner_gpus)?;
+        spec.max_run_seconds = self.run_limit(owner, spec.max_run_seconds)?;
+        Ok(())
+    }
+
+    /// The run-time limit a job of `owner` that asks for `asked` runs under.
+    fn run_limit(
+        &self,
+        owner: Option<&str>,
+        asked: Option<u64>,
+    ) -> Result<Option<u64>, PolicyError> {
+        let team = owner.and_then(|o| self.teams.get(o).map(|t| (o, t)));
+        let (limit, scope) = match team.and_then(|(o, t)| Some((o, t.max_run_seconds?))) {
+            Some((o, limit)) => (limit, format!("the limit of team {o} (max_run_seconds)")),
+            None => (self.max_run_seconds_per_job, "the limit".to_owned()),
+        };
+        match asked {
+            _ if limit == 0 => Ok(asked),
+            None => Ok(Some(limit)),
+            Some(asked) if asked > limit => Err(refusal(
+                "policy.max_run_seconds_per_job",
+                "maxRunSeconds",
+                format!("{asked} s of run time asked, at most {limit} s per job ({scope})"),
+            )),
+            Some(asked) => Ok(Some(asked)),
+        }
     }
 
     /// Checks a job of `owner` asking for `gpus` GPUs with `image`, whose owner already has
@@ -357,6 +398,61 @@ mod tests {
             policy.check(image, 4, Some("nlp"), 6).unwrap_err().rule,
             "policy.max_gpus_per_team"
         );
+    }
+
+    #[test]
+    fn the_run_time_limit_is_filled_in_or_enforced_per_team() {
+        let toml = "max_run_seconds_per_job = 3600\n[teams.vision]\nmax_run_seconds = 86400\n\
+                    [teams.infra]\nmax_run_seconds = 0\n";
+        let policy: PolicyConfig = toml_from(toml);
+        let job = |owner: Option<&str>, asked: Option<u64>| {
+            let mut spec = JobSpec::new("j", "trainer:1", 1);
+            spec.owner = owner.map(str::to_owned);
+            spec.max_run_seconds = asked;
+            spec
+        };
+        let admitted =
+            |mut spec: JobSpec| policy.admit(&mut spec, 0).map(|()| spec.max_run_seconds);
+        // A job that names no limit runs under the policy's; one that asks less keeps it.
+        assert_eq!(admitted(job(None, None)), Ok(Some(3600)));
+        assert_eq!(admitted(job(None, Some(600))), Ok(Some(600)));
+        let e = admitted(job(Some("nlp"), Some(7200))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "policy.max_run_seconds_per_job: 7200 s of run time asked, at most 3600 s per job \
+             (the limit)"
+        );
+        assert_eq!(e.field, "maxRunSeconds");
+        // A team's own limit, and a team with none.
+        assert_eq!(admitted(job(Some("vision"), None)), Ok(Some(86400)));
+        assert_eq!(admitted(job(Some("vision"), Some(7200))), Ok(Some(7200)));
+        let e = admitted(job(Some("vision"), Some(90000))).unwrap_err();
+        assert!(
+            e.message
+                .ends_with("at most 86400 s per job (the limit of team vision (max_run_seconds))"),
+            "{e}"
+        );
+        assert_eq!(admitted(job(Some("infra"), None)), Ok(None));
+        assert_eq!(
+            admitted(job(Some("infra"), Some(1 << 40))),
+            Ok(Some(1 << 40))
+        );
+        // No policy, no limit.
+        let mut spec = job(None, None);
+        assert_eq!(PolicyConfig::default().admit(&mut spec, 0), Ok(()));
+        assert_eq!(spec.max_run_seconds, None);
+        // The other rules come first.
+        let mut spec = job(None, None);
+        spec.gpus = 9;
+        let strict = PolicyConfig {
+            max_gpus_per_job: 8,
+            ..policy.clone()
+        };
+        assert_eq!(
+            strict.admit(&mut spec, 0).unwrap_err().rule,
+            "policy.max_gpus_per_job"
+        );
+        assert_eq!(spec.max_run_seconds, None, "a refused job is not changed");
     }
 
     fn toml_from(text: &str) -> PolicyConfig {

@@ -294,6 +294,7 @@ mod tests {
             capture: Default::default(),
             files: Vec::new(),
             sandbox: Default::default(),
+            max_run_seconds: None,
         };
         Job::new(1, spec, 0)
     }

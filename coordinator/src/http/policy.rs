@@ -1,7 +1,8 @@
 //! Job policy at submission ([`crate::policy`]): a refused job is a 403 naming the rule and
 //! the field, and nothing is queued. A job submitted with an admin token is accepted whatever
-//! its `sandbox:` asks for, and each rule it is let past is written to the audit log; image
-//! and GPU limits hold for admins too.
+//! its `sandbox:` asks for, and each rule it is let past is written to the audit log; image,
+//! GPU and run-time limits hold for admins too. A job that names no run-time limit is given
+//! the policy's.
 
 use std::sync::Arc;
 
@@ -16,6 +17,15 @@ use super::{HttpError, MAX_BODY};
 use crate::auth::{Principal, Role};
 use crate::cluster::Cluster;
 use crate::policy::{PolicyConfig, check_escapes};
+
+/// GPUs that `owner`'s unfinished jobs ask for.
+pub fn owner_gpus(core: &nightshift_core::Core, owner: Option<&str>) -> u32 {
+    core.jobs()
+        .iter()
+        .filter(|j| !j.state.is_finished() && j.spec.owner.as_deref() == owner)
+        .map(|j| j.spec.gpus * j.spec.nodes)
+        .sum()
+}
 
 #[derive(Clone)]
 pub struct PolicyState {
@@ -48,21 +58,25 @@ pub async fn check(State(s): State<PolicyState>, req: Request, next: Next) -> Re
         // Not a field of the job file: the handler could not accept it even when waived.
         return refuse(e);
     }
+    let mut bytes = bytes;
     // A body that is not a job goes on, for the handler to refuse with serde's message.
-    if let Ok(spec) = serde_json::from_slice::<JobSpec>(&bytes) {
-        let owner_gpus: u32 = s.cluster.read(|core, _| {
-            core.jobs()
-                .iter()
-                .filter(|j| !j.state.is_finished() && j.spec.owner == spec.owner)
-                .map(|j| j.spec.gpus)
-                .sum()
-        });
-        // Images and GPU limits hold for everyone; only the sandbox may be waived.
-        if let Err(e) = s
-            .policy
-            .check(&spec.image, spec.gpus, spec.owner.as_deref(), owner_gpus)
-        {
+    if let Ok(mut spec) = serde_json::from_slice::<JobSpec>(&bytes) {
+        let owner_gpus = s
+            .cluster
+            .read(|core, _| owner_gpus(core, spec.owner.as_deref()));
+        // Images, GPU and run-time limits hold for everyone; only the sandbox may be waived.
+        let asked = spec.max_run_seconds;
+        if let Err(e) = s.policy.admit(&mut spec, owner_gpus) {
             return refuse(e);
+        }
+        if spec.max_run_seconds != asked {
+            // The policy's run-time limit, filled in: the job carries it from now on.
+            match serde_json::to_vec(&spec) {
+                Ok(filled) => bytes = filled.into(),
+                Err(e) => {
+                    return HttpError::bad_request(format!("unencodable job: {e}")).into_response();
+                }
+            }
         }
         broken.extend(s.policy.check_sandbox(&spec.sandbox));
     }

@@ -30,6 +30,7 @@ pub fn spec(name: &str, gpus: u32) -> JobSpec {
         capture: Default::default(),
         files: Vec::new(),
         sandbox: Default::default(),
+        max_run_seconds: None,
     }
 }
 
