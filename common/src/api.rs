@@ -66,6 +66,16 @@ pub struct JobView {
     pub submitted_at: UnixMillis,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<UnixMillis>,
+    /// When the current attempt's container started running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_started_at: Option<UnixMillis>,
+    /// Milliseconds its ended attempts ran; with the current attempt's time, what counts
+    /// against `spec.maxRunSeconds`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ran_ms: u64,
+    /// Stopped for running past `spec.maxRunSeconds`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<UnixMillis>,
     /// One lease per node it runs on (one for a single-node job), in rank order.
@@ -237,4 +247,8 @@ pub struct Endpoint {
     pub url: String,
     /// Serving and not lent: send it requests.
     pub ready: bool,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }

@@ -662,6 +662,22 @@ pub fn render_job(job: &JobView, now: UnixMillis) -> String {
     if let Some(d) = run_time(job, now) {
         kv.push(("duration", format_duration(d)));
     }
+    if let Some(limit) = spec.max_run_seconds {
+        let ran = job.ran_ms
+            + job
+                .attempt_started_at
+                .filter(|_| job.finished_at.is_none())
+                .map_or(0, |t| now.saturating_sub(t));
+        kv.push((
+            "run time",
+            format!(
+                "{} of its {} limit{}",
+                format_duration(ran),
+                format_duration(limit * 1000),
+                if job.timed_out { ", reached" } else { "" }
+            ),
+        ));
+    }
     for lease in &job.leases {
         let gpus: Vec<String> = lease.gpus.iter().map(u32::to_string).collect();
         let mut text = format!(
@@ -1222,6 +1238,28 @@ message:      resumed from step 1100
         let text = render_job(&job, NOW);
         assert!(text.contains("\nexit code:    137\n"), "{text}");
         assert!(!text.contains("lease"), "{text}");
+        assert!(!text.contains("run time"), "{text}");
+
+        // Run time counts its ended attempts and the current one.
+        let mut job = fake::running(9, fake::spec("bounded", 1));
+        job.spec.max_run_seconds = Some(3600);
+        job.ran_ms = 600_000;
+        job.attempt_started_at = Some(NOW - 300_000);
+        let text = render_job(&job, NOW);
+        assert!(
+            text.contains("\nrun time:     15m of its 1h limit\n"),
+            "{text}"
+        );
+        job.state = JobState::Failed;
+        job.finished_at = Some(NOW);
+        job.attempt_started_at = None;
+        job.ran_ms = 3_600_000;
+        job.timed_out = true;
+        let text = render_job(&job, NOW);
+        assert!(
+            text.contains("\nrun time:     1h of its 1h limit, reached\n"),
+            "{text}"
+        );
     }
 
     #[test]

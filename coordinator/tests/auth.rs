@@ -157,6 +157,7 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
     let policy = PolicyConfig {
         allowed_images: vec!["registry.example/".into()],
         host_mount_allowlist: vec!["/datasets".into()],
+        max_run_seconds_per_job: 3600,
         ..PolicyConfig::default()
     };
     let app = http::app(cluster.clone(), access, policy);
@@ -255,6 +256,35 @@ async fn roles_over_https_and_no_secret_in_the_logs() {
         .await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("policy.host_mount_allowlist"), "{body}");
+
+    // A run-time limit: filled into a job that names none, refused above it (admins too).
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&nlp), &job("bounded", None))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert!(body.contains(r#""maxRunSeconds":3600"#), "{body}");
+    let timed = |seconds: u64| {
+        format!(
+            r#"{{"name":"t","image":"registry.example/t:1","gpus":1,"maxRunSeconds":{seconds}}}"#
+        )
+    };
+    let (status, body) = client
+        .call("POST", "/v1/jobs", Some(&nlp), &timed(60))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert!(body.contains(r#""maxRunSeconds":60"#), "{body}");
+    for token in [&nlp, &admin] {
+        let (status, body) = client
+            .call("POST", "/v1/jobs", Some(token), &timed(7200))
+            .await;
+        assert_eq!(status, 403, "{body}");
+        assert!(
+            body.contains(
+                "policy.max_run_seconds_per_job: 7200 s of run time asked, at most 3600 s"
+            ) && body.contains(r#""field":"maxRunSeconds""#),
+            "{body}"
+        );
+    }
 
     // Everyone sees every queue.
     let (status, body) = client.call("GET", "/v1/jobs", Some(&nlp), "").await;

@@ -430,9 +430,24 @@ impl Core {
         Ok(())
     }
 
-    /// Time passes: expire leases, and make the decisions whose windows have run out.
+    /// Time passes: stop jobs past their run-time limit, expire leases, and make the
+    /// decisions whose windows have run out.
     pub fn tick(&mut self, now: UnixMillis) {
+        self.enforce_run_limits(now);
         self.decide(now);
+    }
+
+    /// Stops every running job that has used up its `maxRunSeconds`.
+    fn enforce_run_limits(&mut self, now: UnixMillis) {
+        let over: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.run_deadline().is_some_and(|at| at <= now))
+            .map(|j| j.id)
+            .collect();
+        for id in over {
+            let _ = self.job_event(now, id, JobEvent::RunLimit);
+        }
     }
 
     /// When `tick` should next be called, at the latest.
@@ -447,7 +462,11 @@ impl Core {
             .nodes
             .values()
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
-        let backoffs = self.jobs.values().filter_map(|j| j.not_before);
+        // A retried job's backoff, a running job's run-time limit.
+        let backoffs = self
+            .jobs
+            .values()
+            .flat_map(|j| j.not_before.into_iter().chain(j.run_deadline()));
         self.leases
             .next_expiry()
             .into_iter()
@@ -736,6 +755,9 @@ impl Core {
             last_checkpoint_at: j.last_checkpoint_at,
             submitted_at: j.submitted_at,
             started_at: j.started_at,
+            attempt_started_at: j.attempt_started_at,
+            ran_ms: j.ran_ms,
+            timed_out: j.timed_out,
             finished_at: j.finished_at,
             leases,
             exit_code: j.exit_code,
@@ -838,7 +860,13 @@ fn job_from_view(v: JobView) -> Job {
         not_before: v.not_before,
         submitted_at: v.submitted_at,
         started_at: v.started_at,
-        attempt_started_at: v.started_at,
+        // A view from before run times were kept has no attempt start: a job holding leases
+        // then counts from its first start.
+        attempt_started_at: v
+            .attempt_started_at
+            .or_else(|| v.started_at.filter(|_| !v.leases.is_empty())),
+        ran_ms: v.ran_ms,
+        timed_out: v.timed_out,
         last_checkpoint_at: v.last_checkpoint_at,
         finished_at: v.finished_at,
         exit_code: v.exit_code,

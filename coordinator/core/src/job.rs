@@ -30,6 +30,8 @@ pub enum JobEvent {
     /// A member's container is gone without finishing: stopped for a reclaim, vanished, or its
     /// lease expired with its node silent. Not the job's fault.
     MemberLost { lease: u64, message: String },
+    /// It has run for its whole `maxRunSeconds`: it is stopped and fails, without a retry.
+    RunLimit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +55,11 @@ pub struct Job {
     pub started_at: Option<UnixMillis>,
     /// When the current attempt's first member started running.
     pub attempt_started_at: Option<UnixMillis>,
+    /// Milliseconds its ended attempts ran (from their first member running to their last
+    /// member gone): what counts against `maxRunSeconds`, with the current attempt's time.
+    pub ran_ms: u64,
+    /// Stopped for running past `maxRunSeconds`: it fails when stopped, whatever its retries.
+    pub timed_out: bool,
     pub last_checkpoint_at: Option<UnixMillis>,
     pub finished_at: Option<UnixMillis>,
     /// The leases it holds, revoked or not, in rank order.
@@ -72,6 +79,7 @@ impl JobEvent {
             Self::MemberExited { .. } => "exit",
             Self::MemberStartFailed { .. } => "fail to start",
             Self::MemberLost { .. } => "lose a member",
+            Self::RunLimit => "reach its run-time limit",
         }
     }
 
@@ -98,6 +106,8 @@ impl Job {
             submitted_at: now,
             started_at: None,
             attempt_started_at: None,
+            ran_ms: 0,
+            timed_out: false,
             last_checkpoint_at: None,
             finished_at: None,
             leases: Vec::new(),
@@ -113,6 +123,24 @@ impl Job {
             self.state,
             JobState::Preempting | JobState::Cancelling | JobState::Failing
         )
+    }
+
+    /// How long it has run, its ended attempts and the current one until `now`.
+    pub fn run_ms(&self, now: UnixMillis) -> u64 {
+        self.ran_ms
+            + self
+                .attempt_started_at
+                .map_or(0, |started| now.saturating_sub(started))
+    }
+
+    /// When a running job reaches its `maxRunSeconds`.
+    pub fn run_deadline(&self) -> Option<UnixMillis> {
+        if self.state != JobState::Running {
+            return None;
+        }
+        let limit_ms = self.spec.max_run_seconds?.saturating_mul(1000);
+        let started = self.attempt_started_at?;
+        Some(started + limit_ms.saturating_sub(self.ran_ms))
     }
 
     /// The one transition function. On an illegal move nothing changes.
@@ -153,6 +181,15 @@ impl Job {
             // Still running while it is being stopped: nothing changes.
             (Preempting | Cancelling | Failing, JobEvent::Started) => self.state,
             (Starting | Running, JobEvent::Preempt) => Preempting,
+            (Running, JobEvent::RunLimit) => {
+                let limit = self.spec.max_run_seconds.unwrap_or(0);
+                self.timed_out = true;
+                self.message = Some(format!(
+                    "stopped after running {} s, its limit (maxRunSeconds: {limit})",
+                    self.run_ms(now) / 1000
+                ));
+                Failing
+            }
             (Starting | Running | Preempting | Failing, JobEvent::Cancel) => Cancelling,
             (Queued, JobEvent::Cancel) => self.finish(now, Cancelled),
 
@@ -197,7 +234,7 @@ impl Job {
             }
             (Starting | Running, JobEvent::MemberLost { message, .. }) => {
                 self.message = Some(message);
-                if last { self.requeue() } else { Preempting }
+                if last { self.requeue(now) } else { Preempting }
             }
             (
                 Preempting,
@@ -206,7 +243,7 @@ impl Job {
                 | JobEvent::MemberStartFailed { .. },
             ) => {
                 if last {
-                    self.requeue()
+                    self.requeue(now)
                 } else {
                     Preempting
                 }
@@ -241,7 +278,14 @@ impl Job {
         Ok(())
     }
 
+    /// The current attempt is over: its time joins the run time.
+    fn end_attempt(&mut self, now: UnixMillis) {
+        self.ran_ms = self.run_ms(now);
+        self.attempt_started_at = None;
+    }
+
     fn finish(&mut self, now: UnixMillis, state: JobState) -> JobState {
+        self.end_attempt(now);
         self.finished_at = Some(now);
         self.leases.clear();
         if state == JobState::Succeeded {
@@ -251,7 +295,8 @@ impl Job {
     }
 
     /// Back to the queue after a preemption: a new attempt, no failure counted.
-    fn requeue(&mut self) -> JobState {
+    fn requeue(&mut self, now: UnixMillis) -> JobState {
+        self.end_attempt(now);
         self.attempt += 1;
         self.preemptions += 1;
         self.message.get_or_insert_with(|| "preempted".to_owned());
@@ -261,9 +306,10 @@ impl Job {
     /// A failure: retried after its backoff while the retry budget lasts.
     fn fail_or_retry(&mut self, now: UnixMillis) -> JobState {
         self.failures += 1;
-        if self.failures > self.spec.retry.limit {
+        if self.timed_out || self.failures > self.spec.retry.limit {
             return self.finish(now, JobState::Failed);
         }
+        self.end_attempt(now);
         self.attempt += 1;
         self.not_before = Some(now + self.spec.retry.backoff_ms(self.failures));
         JobState::Queued

@@ -1,5 +1,5 @@
 //! Property tests: random sequences of load, submissions (gangs, priorities, teams, failing
-//! jobs with retries), cancels and silences against a
+//! jobs with retries, run-time limits), cancels and silences against a
 //! simulated cluster; the DESIGN.md invariants are checked after every step.
 
 mod sim;
@@ -17,6 +17,7 @@ enum Op {
         team: u8,
         exit_code: i64,
         retries: u32,
+        max_run_seconds: Option<u64>,
     },
     Load {
         node: usize,
@@ -40,9 +41,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (1u32..=4, 1u32..=2, 1u32..20, -1i32..=1, 0u8..3, prop_oneof![4 => Just(0i64), 1 => Just(1i64)], 0u32..3)
-            .prop_map(|(gpus, nodes, steps, priority, team, exit_code, retries)| Op::Submit {
-                gpus, nodes, steps, priority, team, exit_code, retries,
+        3 => (1u32..=4, 1u32..=2, 1u32..20, -1i32..=1, 0u8..3, prop_oneof![4 => Just(0i64), 1 => Just(1i64)], 0u32..3, proptest::option::weighted(0.3, 1u64..15))
+            .prop_map(|(gpus, nodes, steps, priority, team, exit_code, retries, max_run_seconds)| Op::Submit {
+                gpus, nodes, steps, priority, team, exit_code, retries, max_run_seconds,
             }),
         3 => (0usize..3, 0u8..5, 0u8..12)
             .prop_map(|(node, waiting, running)| Op::Load { node, waiting, running }),
@@ -66,13 +67,14 @@ proptest! {
         let mut next_job = 1u64;
         for op in ops {
             match op {
-                Op::Submit { gpus, nodes, steps, priority, team, exit_code, retries } => {
+                Op::Submit { gpus, nodes, steps, priority, team, exit_code, retries, max_run_seconds } => {
                     let mut s = spec("p", gpus);
                     s.priority = priority;
                     s.nodes = nodes;
                     s.owner = Some(format!("team-{team}"));
                     s.retry.limit = retries;
                     s.retry.backoff_seconds = 1;
+                    s.max_run_seconds = max_run_seconds;
                     if let Ok(id) = c.core.submit(c.now, s) {
                         for a in &mut c.agents {
                             a.durations.insert(id, steps);
@@ -100,6 +102,14 @@ proptest! {
         c.run(400);
         for job in c.core.jobs() {
             prop_assert!(job.state.is_finished(), "job {} still {:?}", job.id, job.state);
+            // A run-time limit holds to within the time a stop takes (a silent node's lease
+            // runs out first), and only a job that reached it is stopped for it.
+            if let Some(limit) = job.spec.max_run_seconds {
+                prop_assert!(job.ran_ms <= limit * 1000 + 10_000, "{job:?}");
+                prop_assert!(!job.timed_out || job.ran_ms >= limit * 1000, "{job:?}");
+            } else {
+                prop_assert!(!job.timed_out, "{job:?}");
+            }
         }
     }
 }

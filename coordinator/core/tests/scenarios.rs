@@ -233,3 +233,76 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
     c.core = restored;
     c.run(10);
 }
+
+#[test]
+fn a_job_past_its_run_time_is_stopped_and_fails_without_retry_and_preempted_time_is_free() {
+    let mut c = Cluster::new(config(0), &[("a", 4)]);
+    c.agent("a").durations.insert(1, 1_000);
+    let mut job = spec("train", 4);
+    job.max_run_seconds = Some(20);
+    job.retry.limit = 3;
+    c.core.submit(c.now, job).unwrap();
+    c.run(10);
+    assert_eq!(states(&c), "1:running#1");
+    let first = c.core.job(1).unwrap();
+    assert!(first.ran_ms == 0 && first.attempt_started_at.is_some());
+
+    // A reclaim: the time it waits does not count against its limit.
+    c.core.gateway(c.now, "llm", 12).unwrap();
+    c.run(3);
+    assert_eq!(states(&c), "1:queued#2");
+    let ran_first = c.core.job(1).unwrap().ran_ms;
+    assert!(
+        (1_000..20_000).contains(&ran_first),
+        "the first attempt ran {ran_first} ms"
+    );
+    c.load("a", 5.0, 6.0);
+    c.run(30);
+    assert_eq!(
+        states(&c),
+        "1:queued#2",
+        "30 s queued, still within its limit"
+    );
+    c.load("a", 0.0, 0.0);
+    c.run(8);
+    assert_eq!(states(&c), "1:running#2");
+
+    // It is stopped once the two attempts together reach 20 s, and is not retried.
+    let restarted = c.now;
+    let stopped = loop {
+        c.run(1);
+        let j = c.core.job(1).unwrap();
+        if j.state != JobState::Running {
+            break j;
+        }
+        assert!(c.now - restarted <= 25_000, "never stopped: {j:?}");
+    };
+    assert_eq!(stopped.state, JobState::Failing);
+    assert!(stopped.timed_out);
+    assert!(stopped.leases.iter().all(|l| l.revoked), "{stopped:?}");
+    assert_eq!(
+        stopped.message.as_deref(),
+        Some("stopped after running 20 s, its limit (maxRunSeconds: 20)")
+    );
+    c.run(5);
+    let job = c.core.job(1).unwrap();
+    assert_eq!(
+        (job.state, job.attempt, job.failures),
+        (JobState::Failed, 2, 1),
+        "{job:?}"
+    );
+    assert!(
+        (20_000..23_000).contains(&job.ran_ms),
+        "ran {} ms in all",
+        job.ran_ms
+    );
+    assert_eq!(modes(&c), "a=Serve", "its node went back to serving");
+
+    // A restart keeps what it ran and why it stopped.
+    let snapshot = CoreSnapshot {
+        jobs: c.core.jobs(),
+        ..CoreSnapshot::default()
+    };
+    let restored = Core::restore(config(0), snapshot, c.now);
+    assert_eq!(restored.job(1).unwrap(), job);
+}
