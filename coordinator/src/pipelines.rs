@@ -8,6 +8,7 @@
 //! its changes are written in the same transaction as the jobs it submits.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use nightshift_common::{
     Capture, CaptureFile, CheckpointPolicy, EnvVar, ImagePin, JobFile, JobSpec, JobState, JobView,
@@ -17,6 +18,8 @@ use nightshift_common::{
 use nightshift_core::{Core, CoreError};
 use nightshift_pipeline::run::NodeId;
 use nightshift_pipeline::{Action, Input, Outcome, Run, StepResult, StepSpec};
+
+use crate::policy::{PolicyConfig, owner_gpus};
 
 /// What changed in the pipelines, to be written with the core's changes.
 #[derive(Debug, Default)]
@@ -54,6 +57,8 @@ struct Active {
 pub struct Pipelines {
     runs: BTreeMap<u64, Active>,
     pending: PipelineChanges,
+    /// The job policy each step is admitted by, as a job submitted alone would be.
+    policy: Arc<PolicyConfig>,
 }
 
 impl Pipelines {
@@ -94,7 +99,14 @@ impl Pipelines {
         Ok(Self {
             runs,
             pending: PipelineChanges::default(),
+            policy: Arc::default(),
         })
+    }
+
+    /// Admits every step launched from now on by `policy`: a step it refuses fails with the
+    /// rule, as a job submitted alone would be refused.
+    pub fn set_policy(&mut self, policy: Arc<PolicyConfig>) {
+        self.policy = policy;
     }
 
     pub fn take_changes(&mut self) -> PipelineChanges {
@@ -267,18 +279,25 @@ impl Pipelines {
                             if let Some(id) = pinned(&a.record.pins, &name, &spec.image) {
                                 job.image = id.to_owned();
                             }
-                            match core.submit(now, job) {
+                            let admitted = {
+                                let core = &*core;
+                                let owner = job.owner.clone();
+                                self.policy
+                                    .admit(&mut job, || owner_gpus(core, owner.as_deref()))
+                                    .map_err(|e| e.to_string())
+                            };
+                            let submitted = admitted
+                                .and_then(|()| core.submit(now, job).map_err(|e| e.to_string()));
+                            match submitted {
                                 Ok(job) => {
                                     a.jobs.insert((node, retry), job);
                                     self.pending.jobs.push((*id, node, retry, job));
                                 }
-                                Err(e) => failed_launches.push(Input::Finished {
+                                Err(message) => failed_launches.push(Input::Finished {
                                     node,
                                     retry,
                                     result: StepResult {
-                                        outcome: Outcome::Errored {
-                                            message: e.to_string(),
-                                        },
+                                        outcome: Outcome::Errored { message },
                                         files: BTreeMap::new(),
                                         stdout: None,
                                     },

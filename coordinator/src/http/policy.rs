@@ -16,16 +16,7 @@ use nightshift_common::JobSpec;
 use super::{HttpError, MAX_BODY};
 use crate::auth::{Principal, Role};
 use crate::cluster::Cluster;
-use crate::policy::{PolicyConfig, check_escapes};
-
-/// GPUs that `owner`'s unfinished jobs ask for.
-pub fn owner_gpus(core: &nightshift_core::Core, owner: Option<&str>) -> u32 {
-    core.jobs()
-        .iter()
-        .filter(|j| !j.state.is_finished() && j.spec.owner.as_deref() == owner)
-        .map(|j| j.spec.gpus * j.spec.nodes)
-        .sum()
-}
+use crate::policy::{PolicyConfig, check_escapes, owner_gpus};
 
 #[derive(Clone)]
 pub struct PolicyState {
@@ -61,9 +52,8 @@ pub async fn check(State(s): State<PolicyState>, req: Request, next: Next) -> Re
     let mut bytes = bytes;
     // A body that is not a job goes on, for the handler to refuse with serde's message.
     if let Ok(mut spec) = serde_json::from_slice::<JobSpec>(&bytes) {
-        let owner_gpus = s
-            .cluster
-            .read(|core, _| owner_gpus(core, spec.owner.as_deref()));
+        let owner = spec.owner.clone();
+        let owner_gpus = || s.cluster.read(|core, _| owner_gpus(core, owner.as_deref()));
         // Images, GPU and run-time limits hold for everyone; only the sandbox may be waived.
         let asked = spec.max_run_seconds;
         if let Err(e) = s.policy.admit(&mut spec, owner_gpus) {
