@@ -32,7 +32,9 @@ async fn a_job_is_stopped_at_its_run_time_limit_and_not_retried() {
         (j.state == JobState::Running).then_some(j)
     })
     .await;
-    let started = running.attempt_started_at.expect("a running job's attempt start");
+    let started = running
+        .attempt_started_at
+        .expect("a running job's attempt start");
 
     let ended = wait_for("the job to end", STARTUP, || async {
         let j = client.job(job.id).await.ok()?;

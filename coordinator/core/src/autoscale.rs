@@ -41,9 +41,16 @@ struct Load {
 struct Outlook {
     /// Whether lending is allowed now and for the whole lead time.
     window_open: bool,
-    /// Replicas the predicted load needs (headroom included), when a profile exists.
-    needed: Option<usize>,
+    /// Replicas to have serving now: what the load expected over the reclaim lead time
+    /// needs, headroom included; at least `min_replicas`, at most `max_replicas`.
+    wanted: usize,
+    /// The most replicas wanted in any minute of the last scale-down window: lending never
+    /// goes below it, so a load that just fell must stay down a whole window first.
+    wanted_window: usize,
 }
+
+/// Headroom, in replicas, until the forecast's own errors have been measured.
+const PRIOR_HEADROOM: f64 = 0.0;
 
 impl Core {
     pub(crate) fn autoscale(&mut self, now: UnixMillis, service: &str) {
@@ -57,8 +64,7 @@ impl Core {
             return;
         };
         let load = self.load(now, &policy);
-        self.learn(now, &policy, &load);
-        let outlook = self.outlook(now, &policy);
+        let outlook = self.outlook(now, &policy, &load);
         if !outlook.window_open {
             // The window is closing: every lent node goes back.
             while let Some(node) = self.cheapest_lent_node(now, &policy.name) {
@@ -66,8 +72,14 @@ impl Core {
             }
             return;
         }
-        if let Some(node) = self.reclaim_candidate(now, &policy, &load, &outlook) {
-            self.reclaim(now, &node);
+        let back = self.reclaim_count(&policy, &load, &outlook);
+        if back > 0 {
+            for _ in 0..back {
+                let Some(node) = self.cheapest_lent_node(now, &policy.name) else {
+                    break;
+                };
+                self.reclaim(now, &node);
+            }
             return;
         }
         // Nodes beyond max_replicas are lendable whatever the load.
@@ -80,9 +92,9 @@ impl Core {
             }
             return;
         }
-        let low = self.is_low(&policy, &load);
+        let spare = self.spare(&policy, &load, outlook.wanted);
         let state = self.services.entry(service.to_owned()).or_default();
-        if !low {
+        if spare == 0 {
             state.low_since = None;
             return;
         }
@@ -93,8 +105,8 @@ impl Core {
         if now < low_since + policy.scale_down.window_ms || !cooled {
             return;
         }
-        let keep = (policy.min_replicas as usize).max(outlook.needed.unwrap_or(0));
-        let spare = load.serve_nodes.saturating_sub(keep);
+        // Low for the whole window; lend no more than the window's busiest moment allows.
+        let spare = spare.min(self.spare(&policy, &load, outlook.wanted_window));
         for node in self.lend_candidates(now, &policy, spare) {
             self.set_mode(now, &node, NodeMode::Lend);
         }
@@ -139,21 +151,6 @@ impl Core {
         }
     }
 
-    /// Feeds the service's load profile with what its replicas report now.
-    fn learn(&mut self, now: UnixMillis, policy: &ServicePolicy, load: &Load) {
-        let (Some(waiting), Some(running)) = (load.waiting, load.running) else {
-            return;
-        };
-        if load.ready == 0 {
-            return;
-        }
-        let total = waiting + running + load.gateway_waiting as f64;
-        let state = self.services.entry(policy.name.clone()).or_default();
-        if state.profile.observe(now, policy.utc_offset_minutes, total) {
-            self.profile_changed(&policy.name);
-        }
-    }
-
     /// The measured time to take a node back and have it serving: the longest of the latest
     /// complete reclaims of the service's nodes, with a quarter added for margin.
     pub(crate) fn reclaim_lead_ms(&self, policy: &ServicePolicy) -> u64 {
@@ -183,7 +180,21 @@ impl Core {
         })
     }
 
-    fn outlook(&self, now: UnixMillis, policy: &ServicePolicy) -> Outlook {
+    /// Requests in the system (running, waiting, and held at the gateway), when known.
+    fn demand(load: &Load) -> Option<f64> {
+        match (load.waiting, load.running) {
+            (Some(w), Some(r)) if load.ready > 0 => Some(w + r + load.gateway_waiting as f64),
+            _ if load.gateway_waiting > 0 => Some(load.gateway_waiting as f64),
+            _ => None,
+        }
+    }
+
+    /// What the service will need over the reclaim lead time. Without prediction, the
+    /// replicas the load needs now. With it, the highest of: the last minutes' peak, their
+    /// trend one lead time ahead, and the learned profile's peak over the lead time; plus
+    /// headroom sized by how far such forecasts fell short before. Feeds the profile and
+    /// the short-term record with the load seen now.
+    fn outlook(&mut self, now: UnixMillis, policy: &ServicePolicy, load: &Load) -> Outlook {
         let lead = self.reclaim_lead_ms(policy);
         let window_open = crate::calendar::open_for(
             &policy.harvest_windows,
@@ -191,38 +202,66 @@ impl Core {
             lead,
             policy.utc_offset_minutes,
         );
-        let needed = policy
-            .predictive
-            .then(|| self.services.get(&policy.name))
-            .flatten()
-            .and_then(|s| {
-                s.profile
-                    .predict_peak(now, now + lead, policy.utc_offset_minutes)
-            })
-            .map(|load| {
-                let per = policy.scale_up.running_per_replica.max(1.0);
-                (load / per).ceil() as usize + policy.headroom as usize
-            });
+        let per = policy.scale_up.running_per_replica.max(f64::MIN_POSITIVE);
+        let demand = Self::demand(load);
+        let offset = policy.utc_offset_minutes;
+        let state = self.services.entry(policy.name.clone()).or_default();
+        let mut profile_changed = false;
+        // Smoothing over a twentieth of the scale-down window (30 s of the default 10 min)
+        // keeps one busy second from taking nodes back; lending waits the window anyway.
+        let smooth_ms = policy.scale_down.window_ms / 20;
+        if let Some(d) = demand.filter(|_| load.ready > 0) {
+            // The profile learns each minute's mean load, the measure the SLO holds
+            // capacity to.
+            if let Some((minute, mean)) = state.profile.observe_recent(now, d, per, smooth_ms) {
+                profile_changed = state.profile.observe(minute, offset, mean);
+            }
+        }
+        let (forecast, with_profile, replicas) = if policy.predictive {
+            let profile = state.profile.predict_peak(now, now + lead, offset);
+            let st = state.profile.short_term(
+                now,
+                demand.unwrap_or(0.0),
+                lead,
+                profile.is_some(),
+                PRIOR_HEADROOM,
+            );
+            let forecast = st.trend.max(profile.unwrap_or(0.0));
+            let replicas = replicas_for(forecast / per + st.headroom);
+            (forecast, profile.is_some(), replicas)
+        } else {
+            let now_load = demand.unwrap_or(0.0);
+            (now_load, false, replicas_for(now_load / per))
+        };
+        let mut wanted = (replicas + policy.headroom as usize).max(policy.min_replicas as usize);
+        if let Some(max) = policy.max_replicas {
+            wanted = wanted.min((max as usize).max(policy.min_replicas as usize));
+        }
+        state
+            .profile
+            .note_forecast(now, forecast, with_profile, lead, wanted);
+        let wanted_window = state
+            .profile
+            .wanted_since(now.saturating_sub(policy.scale_down.window_ms))
+            .unwrap_or(wanted)
+            .max(wanted);
+        if profile_changed {
+            self.profile_changed(&policy.name);
+        }
         Outlook {
             window_open,
-            needed,
+            wanted,
+            wanted_window,
         }
     }
 
-    /// A lent node to take back now, if the service needs one.
-    fn reclaim_candidate(
-        &self,
-        now: UnixMillis,
-        policy: &ServicePolicy,
-        load: &Load,
-        outlook: &Outlook,
-    ) -> Option<String> {
-        let below_floor = load.serve_nodes < policy.min_replicas as usize;
+    /// How many lent nodes to take back now: enough to reach the replicas wanted (the
+    /// floor and the forecast do not wait), or one for pressure on the serving replicas
+    /// when none is already coming back.
+    fn reclaim_count(&self, policy: &ServicePolicy, load: &Load, outlook: &Outlook) -> usize {
         let at_max = policy
             .max_replicas
             .is_some_and(|m| load.serve_nodes >= m as usize);
-        // The profile expects more load within the lead time than the serving nodes carry.
-        let predicted = outlook.needed.is_some_and(|n| n > load.serve_nodes) && !at_max;
         let coming_back = load.serve_nodes > load.ready;
         let pressure = if load.ready == 0 {
             load.gateway_waiting > 0
@@ -239,13 +278,10 @@ impl Core {
                 || matches!((per(load.generation_tokens_per_s), policy.scale_up.generation_tokens_per_s_per_replica),
                     (Some(t), Some(limit)) if t >= limit)
         };
-        let pressure = pressure && !at_max;
-        // One replica coming back at a time answers pressure; the floor and the forecast do
-        // not wait.
-        if !(below_floor || predicted || (pressure && !coming_back)) {
-            return None;
-        }
-        self.cheapest_lent_node(now, &policy.name)
+        let floor = (policy.min_replicas as usize).saturating_sub(load.serve_nodes);
+        let short = outlook.wanted.saturating_sub(load.serve_nodes);
+        let pressed = usize::from(pressure && !coming_back && !at_max);
+        floor.max(short).max(pressed)
     }
 
     /// The lent node whose return costs the least: idle ones first, then the one whose jobs
@@ -309,52 +345,69 @@ impl Core {
         self.set_mode(now, node, NodeMode::Serve);
     }
 
-    fn is_low(&self, policy: &ServicePolicy, load: &Load) -> bool {
+    /// How many serving replicas could be lent, keeping `wanted`: none unless the signals
+    /// are low (nothing waiting, KV cache, TTFT and token rate under their limits, every
+    /// serving node ready); then those beyond `wanted` and beyond what keeps the running
+    /// requests at most `max_running_per_replica` on each remaining replica, less the
+    /// headroom.
+    fn spare(&self, policy: &ServicePolicy, load: &Load, wanted: usize) -> usize {
         if load.gateway_waiting > 0 || load.ready == 0 || load.ready < load.serve_nodes {
-            return false;
+            return 0;
         }
         let (Some(waiting), Some(running)) = (load.waiting, load.running) else {
-            return false;
+            return 0;
         };
-        // The replicas left after lending one, less the headroom kept spare.
-        let remaining = (load.ready - 1).saturating_sub(policy.headroom as usize) as f64;
-        waiting <= policy.scale_down.max_waiting
-            && running <= policy.scale_down.max_running_per_replica * remaining
-            && load.ready > policy.headroom as usize
+        let headroom = policy.headroom as usize;
+        let low = waiting <= policy.scale_down.max_waiting
             && load
                 .kv_max
                 .is_none_or(|kv| kv <= policy.scale_down.max_kv_cache_usage)
             && !matches!((load.ttft_p95_max, policy.scale_up.ttft_p95_s),
-                (Some(t), Some(limit)) if t >= limit / 2.0)
-            && !matches!((load.generation_tokens_per_s, policy.scale_up.generation_tokens_per_s_per_replica),
-                (Some(t), Some(limit)) if t >= limit / 2.0 * remaining)
+                (Some(t), Some(limit)) if t >= limit / 2.0);
+        if !low {
+            return 0;
+        }
+        // Replicas the running requests need at the lending threshold.
+        let max_running = policy.scale_down.max_running_per_replica;
+        let for_running = if running <= 0.0 {
+            0
+        } else if max_running <= 0.0 {
+            return 0;
+        } else {
+            (running / max_running).ceil() as usize
+        };
+        let mut keep = (for_running + headroom)
+            .max(wanted)
+            .max(policy.min_replicas as usize)
+            .max(headroom);
+        // Generated tokens per second stay under half the limit on the remaining replicas.
+        if let (Some(t), Some(limit)) = (
+            load.generation_tokens_per_s,
+            policy.scale_up.generation_tokens_per_s_per_replica,
+        ) {
+            let half = limit / 2.0;
+            if half <= 0.0 {
+                return 0;
+            }
+            keep = keep.max((t / half).floor() as usize + 1 + headroom);
+        }
+        load.ready.saturating_sub(keep)
     }
 
-    /// Serving nodes worth lending: as many as the first runnable queued job still needs
-    /// beyond what lent nodes already offer, if the floor allows that many.
+    /// Up to `spare` serving nodes worth lending: as many as the runnable queued jobs, in
+    /// queue order, need beyond the GPUs lent nodes already have free. The walk stops at the
+    /// first job that cannot be placed, so small jobs behind a big one do not take its nodes.
     fn lend_candidates(
         &self,
         now: UnixMillis,
         policy: &ServicePolicy,
         spare: usize,
     ) -> Vec<String> {
-        let ttl = self.config.lease_ttl_ms;
-        let Some(head) = self
-            .queue(now)
-            .into_iter()
-            .next()
-            .and_then(|id| self.jobs.get(&id))
-        else {
+        if spare == 0 {
             return Vec::new();
-        };
-        let (gpus, nodes) = (head.spec.gpus as usize, head.spec.nodes as usize);
-        let lent_fit = self
-            .nodes
-            .values()
-            .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
-            .filter(|n| self.free_gpus(n).len() >= gpus)
-            .count();
-        let needed = nodes.saturating_sub(lent_fit);
+        }
+        let ttl = self.config.lease_ttl_ms;
+        let healthy = |n: &Node| n.gpus.len() - n.unhealthy_gpus().len();
         let mut candidates: Vec<&Node> = self
             .nodes
             .values()
@@ -363,20 +416,61 @@ impl Core {
                     && n.mode == NodeMode::Serve
                     && n.replica_serving()
                     && n.reachable(now, ttl)
-                    && n.gpus.len() - n.unhealthy_gpus().len() >= gpus
                     && n.occupied_gpus().is_empty()
             })
             .collect();
-        // Lend the nodes with the fewest GPUs that fit, to keep big nodes for big jobs.
-        candidates.sort_by_key(|n| (n.gpus.len(), n.name.clone()));
-        if needed == 0 || needed > spare || candidates.len() < needed {
+        if candidates.is_empty() {
             return Vec::new();
         }
-        candidates
-            .into_iter()
-            .take(needed)
-            .map(|n| n.name.clone())
-            .collect()
+        // Lend the nodes with the fewest GPUs that fit, to keep big nodes for big jobs.
+        candidates.sort_by_key(|n| (n.gpus.len(), n.name.clone()));
+        // Free GPUs per lent node, then per node chosen to lend; jobs are packed first fit.
+        let mut free: Vec<usize> = self
+            .nodes
+            .values()
+            .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
+            .map(|n| self.free_gpus(n).len())
+            .collect();
+        let mut chosen: Vec<&Node> = Vec::new();
+        for id in self.queue(now) {
+            if chosen.len() >= spare {
+                break;
+            }
+            let Some(job) = self.jobs.get(&id) else {
+                continue;
+            };
+            let (gpus, nodes) = (job.spec.gpus as usize, job.spec.nodes as usize);
+            let mut trial_free = free.clone();
+            let mut trial_chosen = chosen.clone();
+            let mut used: Vec<usize> = Vec::new();
+            while used.len() < nodes {
+                let fits =
+                    (0..trial_free.len()).find(|i| trial_free[*i] >= gpus && !used.contains(i));
+                let slot = match fits {
+                    Some(i) => i,
+                    None => {
+                        // A GPU reported unhealthy is never leased: only healthy ones count.
+                        let next = candidates.iter().find(|c| {
+                            healthy(c) >= gpus && !trial_chosen.iter().any(|t| t.name == c.name)
+                        });
+                        let Some(next) = next.filter(|_| trial_chosen.len() < spare) else {
+                            break;
+                        };
+                        trial_chosen.push(next);
+                        trial_free.push(healthy(next));
+                        trial_free.len() - 1
+                    }
+                };
+                trial_free[slot] -= gpus;
+                used.push(slot);
+            }
+            if used.len() < nodes {
+                break;
+            }
+            free = trial_free;
+            chosen = trial_chosen;
+        }
+        chosen.into_iter().map(|n| n.name.clone()).collect()
     }
 
     /// Queued jobs that may run now, in the order they run: higher priority first; within a
@@ -395,6 +489,14 @@ impl Core {
             .filter(|j| j.state == JobState::Queued && j.not_before.is_none_or(|t| t <= now))
             .collect();
         queued.sort_by_key(|j| (j.submitted_at, j.id));
+        // One team (the common case): fair share has nothing to balance, and the order is
+        // priority, then age; no per-team bookkeeping on every call.
+        if let Some(first) = queued.first().map(|j| team_name(j))
+            && queued.iter().all(|j| team_name(j) == first)
+        {
+            queued.sort_by_key(|j| Reverse(j.spec.priority));
+            return queued.iter().map(|j| j.id).collect();
+        }
         for j in queued {
             by_priority
                 .entry(Reverse(j.spec.priority))
@@ -434,6 +536,16 @@ impl Core {
             .filter(|w| *w > 0.0)
             .unwrap_or(1.0)
     }
+}
+
+/// Whole replicas for a fractional need, ignoring the last hundredth of a replica (the dust a
+/// smoothed load leaves as it decays towards zero).
+fn replicas_for(need: f64) -> usize {
+    (need - 0.01).ceil().max(0.0) as usize
+}
+
+fn team_name(j: &crate::job::Job) -> &str {
+    j.spec.owner.as_deref().unwrap_or("default")
 }
 
 fn team(j: &crate::job::Job) -> String {

@@ -198,3 +198,38 @@ fn time_to_first_token_takes_a_node_back_and_keeps_it_from_being_lent() {
         "TTFT p95 over the limit takes the node back with no queue"
     );
 }
+
+#[test]
+fn spare_replicas_are_lent_together_for_the_queued_jobs() {
+    let mut c = Cluster::new(config(1), &[("a", 4), ("b", 4), ("c", 4), ("d", 4)]);
+    queue_long_jobs(&mut c, 2);
+    let mut steps = 0;
+    while lent(&c) == 0 && steps < 30 {
+        c.run(1);
+        steps += 1;
+    }
+    assert_eq!(
+        lent(&c),
+        2,
+        "both queued jobs get a node in the same decision, not one per cooldown"
+    );
+}
+
+#[test]
+fn a_surge_takes_back_as_many_nodes_as_it_needs_at_once() {
+    let mut c = Cluster::new(config(1), &[("a", 4), ("b", 4), ("c", 4), ("d", 4)]);
+    queue_long_jobs(&mut c, 3);
+    c.run(20);
+    assert_eq!(lent(&c), 3);
+    let serving = c
+        .core
+        .nodes(c.now)
+        .into_iter()
+        .find(|n| n.mode == NodeMode::Serve)
+        .unwrap()
+        .name;
+    // 30 requests on one replica sized for 8: four replicas' worth.
+    c.load(&serving, 0.0, 30.0);
+    c.run(1);
+    assert_eq!(lent(&c), 0, "three nodes back in one decision");
+}

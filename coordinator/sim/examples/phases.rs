@@ -31,11 +31,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let r = simulate(&trace, &cfg, &[p])?;
         eprintln!(
-            "{} {:.2}s (incl. arrivals) ratio {} slo {}",
+            "{} {:.2}s (incl. arrivals) ratio {} slo {} per day {:?} capacity {} wait {} preemptions {} lost {}",
             p.name(),
             t.elapsed().as_secs_f64(),
             r.policies[0].harvest_ratio,
-            r.policies[0].slo_violation_minutes
+            r.policies[0].slo_violation_minutes,
+            r.policies[0].slo_violation_minutes_per_day,
+            r.policies[0].capacity_minutes,
+            r.policies[0].queue_wait_minutes,
+            r.policies[0].preemptions,
+            r.policies[0].lost_gpu_hours,
         );
     }
     Ok(())

@@ -26,10 +26,13 @@ pub struct SimConfig {
     /// default of 5 s keeps a 14-day run fast and is far below every transition time.
     pub heartbeat_s: u64,
     pub lease_ttl_s: u64,
-    /// The core lends a replica only if the others would then run at most this fraction of
-    /// their sequence slots.
+    /// The core lends replicas only while the others would then run at most this fraction
+    /// of their sequence slots.
     pub lend_utilisation: f64,
-    /// The core takes a node back when ready replicas run this fraction of their slots.
+    /// The fraction of its slots one replica is planned to carry: the core takes a node back
+    /// when ready replicas run more, and sizes its forecast target with it. The default is
+    /// the SLO's own 80 % (`ReplicaModel::target_utilisation`), so the core's target and the
+    /// minute's need count replicas the same way.
     pub reclaim_utilisation: f64,
     /// Jobs kept queued beyond what the whole fleet could run at once.
     pub queue_depth: usize,
@@ -52,8 +55,8 @@ impl Default for SimConfig {
             faults: FaultRates::default(),
             heartbeat_s: 5,
             lease_ttl_s: 30,
-            lend_utilisation: 0.6,
-            reclaim_utilisation: 0.75,
+            lend_utilisation: 0.8,
+            reclaim_utilisation: 0.8,
             queue_depth: 16,
             gpu_hour_price: 2.0,
         }
