@@ -2,6 +2,13 @@
 //!
 //! Every mutating call ends with [`Core::decide`], which expires leases, scales each service
 //! and places queued jobs, so a decision follows the input that made it possible at once.
+//!
+//! One exception keeps a large fleet cheap: a heartbeat that reports nothing the decisions
+//! read (same replica state and signals, same occupied GPUs, no job event, no new phase, the
+//! node already reachable) does not decide again when the last decision changed nothing and
+//! is younger than one heartbeat interval. Deciding again would only differ by the time,
+//! and time-driven decisions have their deadline in [`Core::next_deadline`] (or, for the
+//! rules without one, wait at most one heartbeat interval).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -102,6 +109,10 @@ pub struct Core {
     pub(crate) next_job_id: u64,
     pub(crate) services: BTreeMap<String, ServiceState>,
     effects: BTreeSet<Effect>,
+    /// How many effects have been recorded, ever: whether a step changed anything.
+    changes: u64,
+    /// When [`Core::decide`] last ran and changed nothing (a fixed point for its inputs).
+    settled_at: Option<UnixMillis>,
 }
 
 impl Core {
@@ -168,11 +179,18 @@ impl Core {
             next_job_id: snapshot.next_job_id.max(max_job + 1).max(1),
             services,
             effects: BTreeSet::new(),
+            changes: 0,
+            settled_at: None,
         }
     }
 
     pub fn config(&self) -> &CoreConfig {
         &self.config
+    }
+
+    fn effect(&mut self, effect: Effect) {
+        self.changes += 1;
+        self.effects.insert(effect);
     }
 
     /// What changed since the last call, each entity once.
@@ -225,7 +243,7 @@ impl Core {
         };
         n.last_heartbeat = Some(now);
         n.address = address.unwrap_or_else(|| node.to_owned());
-        self.effects.insert(Effect::NodeChanged(node.to_owned()));
+        self.effect(Effect::NodeChanged(node.to_owned()));
         self.decide(now);
         Ok(())
     }
@@ -237,16 +255,29 @@ impl Core {
         node: &str,
         beat: Heartbeat,
     ) -> Result<(), CoreError> {
+        let changes_before = self.changes;
+        let ttl = self.config.lease_ttl_ms;
         let n = self
             .nodes
             .get_mut(node)
             .ok_or_else(|| CoreError::UnknownNode(node.to_owned()))?;
+        // What the decisions read of a node, before and after this report.
+        let seen = |n: &Node| {
+            (
+                n.reachable(now, ttl),
+                n.replica.clone(),
+                n.occupied_gpus(),
+                n.phases.back().map(|p| p.seq),
+            )
+        };
+        let before = seen(n);
         n.last_heartbeat = Some(now);
         n.applied_version = beat.applied_version;
         n.gpu_status = beat.gpus;
         n.replica = Some(beat.replica);
         n.record_phases(&beat.phases);
         n.runs = beat.jobs;
+        let observed_change = seen(n) != before;
         let applied = n.applied_version;
         let runs = n.runs.clone();
         // Leases the agent's fail-safe stopped while it could not reach us: their jobs were
@@ -287,7 +318,7 @@ impl Core {
                 && job.last_checkpoint_at < Some(at)
             {
                 job.last_checkpoint_at = Some(at);
-                self.effects.insert(Effect::JobChanged(lease.job));
+                self.effect(Effect::JobChanged(lease.job));
             }
             let event = match run.map(|r| &r.state) {
                 Some(JobRunState::Running | JobRunState::Stopping) => Some(JobEvent::Started),
@@ -328,7 +359,13 @@ impl Core {
                 self.member_event(now, &lease, event);
             }
         }
-        self.decide(now);
+        let quiet = !observed_change && self.changes == changes_before;
+        let settled = self
+            .settled_at
+            .is_some_and(|t| now < t + self.config.heartbeat_interval_ms);
+        if !(quiet && settled) {
+            self.decide(now);
+        }
         Ok(())
     }
 
@@ -355,7 +392,7 @@ impl Core {
         let id = self.next_job_id;
         self.next_job_id += 1;
         self.jobs.insert(id, Job::new(id, spec, now));
-        self.effects.insert(Effect::JobChanged(id));
+        self.effect(Effect::JobChanged(id));
         self.decide(now);
         Ok(id)
     }
@@ -460,6 +497,7 @@ impl Core {
     // ---- decisions ----------------------------------------------------------------------
 
     pub(crate) fn decide(&mut self, now: UnixMillis) {
+        let changes_before = self.changes;
         self.expire_leases(now);
         let services: Vec<String> = self.services.keys().cloned().collect();
         for service in &services {
@@ -467,6 +505,7 @@ impl Core {
         }
         self.place_queued(now);
         self.return_idle_nodes(now);
+        self.settled_at = (self.changes == changes_before).then_some(now);
     }
 
     fn expire_leases(&mut self, now: UnixMillis) {
@@ -529,7 +568,7 @@ impl Core {
             }
         }
         if changed {
-            self.effects.insert(Effect::JobChanged(id));
+            self.effect(Effect::JobChanged(id));
         }
         Ok(())
     }
@@ -549,7 +588,7 @@ impl Core {
                     .grant(now, ttl, job, rank as u32, &node, gpus, version)
                     .id,
             );
-            self.effects.insert(Effect::NodeChanged(node));
+            self.effect(Effect::NodeChanged(node));
         }
         if self
             .job_event(
@@ -596,7 +635,7 @@ impl Core {
             }
             _ => 0,
         };
-        self.effects.insert(Effect::LeaseEnded(Usage {
+        self.effect(Effect::LeaseEnded(Usage {
             lease_id: l.id,
             job_id: l.job,
             team: job
@@ -625,7 +664,7 @@ impl Core {
     pub(crate) fn bump(&mut self, node: &str) {
         if let Some(n) = self.nodes.get_mut(node) {
             n.desired_version += 1;
-            self.effects.insert(Effect::NodeChanged(node.to_owned()));
+            self.effect(Effect::NodeChanged(node.to_owned()));
         }
     }
 
