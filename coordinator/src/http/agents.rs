@@ -29,21 +29,23 @@ pub async fn register(
             Some("node"),
         ));
     }
-    let reply = cluster.apply(|core, now| {
-        core.register_at(
-            now,
-            &req.node,
-            &req.service,
-            req.gpus.clone(),
-            req.address.clone(),
-        )?;
-        let cfg = core.config();
-        Ok(RegisterReply {
-            node: req.node.clone(),
-            heartbeat_interval_ms: cfg.heartbeat_interval_ms,
-            lease_ttl_ms: cfg.lease_ttl_ms,
+    let reply = cluster
+        .apply_async(|core, now| {
+            core.register_at(
+                now,
+                &req.node,
+                &req.service,
+                req.gpus.clone(),
+                req.address.clone(),
+            )?;
+            let cfg = core.config();
+            Ok(RegisterReply {
+                node: req.node.clone(),
+                heartbeat_interval_ms: cfg.heartbeat_interval_ms,
+                lease_ttl_ms: cfg.lease_ttl_ms,
+            })
         })
-    })?;
+        .await?;
     if let Some(url) = &req.agent_url {
         cluster.note_agent_url(&req.node, url);
     }
@@ -60,17 +62,19 @@ pub async fn heartbeat(
     if let Some(url) = &beat.agent_url {
         cluster.note_agent_url(&node, url);
     }
-    let (desired, phases) = cluster.apply(|core, now| {
-        core.heartbeat(now, &node, beat)?;
-        let desired = core
-            .desired(&node)
-            .expect("a node that just heartbeat exists");
-        let phases: Vec<_> = core
-            .node(&node)
-            .map(|n| n.phases.iter().cloned().collect())
-            .unwrap_or_default();
-        Ok((desired, phases))
-    })?;
+    let (desired, phases) = cluster
+        .apply_async(|core, now| {
+            core.heartbeat(now, &node, beat)?;
+            let desired = core
+                .desired(&node)
+                .expect("a node that just heartbeat exists");
+            let phases: Vec<_> = core
+                .node(&node)
+                .map(|n| n.phases.iter().cloned().collect())
+                .unwrap_or_default();
+            Ok((desired, phases))
+        })
+        .await?;
     cluster.metrics.observe_phases(&node, &phases);
     Ok(Json(desired))
 }
