@@ -63,6 +63,23 @@ struct Settled {
     failures: VecDeque<(u64, u64, Arc<StoreError>)>,
 }
 
+/// Heartbeats decide at most this often; the reports in between wait for the next decision
+/// (the ticker makes it within about this time), so that a fleet's worth of reports costs a
+/// few decisions a second, not one each.
+pub const DECISION_INTERVAL_MS: u64 = 20;
+
+/// Decides now if an observation waits for a decision and the last one is older than
+/// [`DECISION_INTERVAL_MS`].
+pub fn decide_if_due(core: &mut Core, now: UnixMillis) {
+    if core.decision_pending()
+        && core
+            .decided_at()
+            .is_none_or(|t| now >= t + DECISION_INTERVAL_MS)
+    {
+        core.tick(now);
+    }
+}
+
 /// Failed commits remembered for the callers still waiting on them.
 const FAILURES_KEPT: usize = 64;
 
@@ -190,7 +207,15 @@ impl Cluster {
         f: impl FnOnce(&mut Core, &mut Pipelines, UnixMillis) -> Result<T, CoreError>,
     ) -> Result<T, ApplyError> {
         let (result, staged) = self.stage(f);
-        self.durable_blocking(staged.seq)?;
+        // On a multi-threaded runtime, let its other tasks move to another thread while this
+        // one waits, so that their calls join the same commit.
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_thread {
+            tokio::task::block_in_place(|| self.durable_blocking(staged.seq))?;
+        } else {
+            self.durable_blocking(staged.seq)?;
+        }
         self.publish(staged.moved);
         Ok(result?)
     }

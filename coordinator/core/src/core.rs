@@ -113,6 +113,10 @@ pub struct Core {
     changes: u64,
     /// When [`Core::decide`] last ran and changed nothing (a fixed point for its inputs).
     settled_at: Option<UnixMillis>,
+    /// When [`Core::decide`] last ran.
+    decided_at: Option<UnixMillis>,
+    /// An observation arrived that a decision has not followed yet ([`Core::observe`]).
+    pending: bool,
 }
 
 impl Core {
@@ -181,6 +185,8 @@ impl Core {
             effects: BTreeSet::new(),
             changes: 0,
             settled_at: None,
+            decided_at: None,
+            pending: false,
         }
     }
 
@@ -248,8 +254,26 @@ impl Core {
         Ok(())
     }
 
-    /// What an agent observes. Renews the node's leases and moves its jobs along.
+    /// What an agent observes. Renews the node's leases and moves its jobs along, then
+    /// decides if the report could change a decision.
     pub fn heartbeat(
+        &mut self,
+        now: UnixMillis,
+        node: &str,
+        beat: Heartbeat,
+    ) -> Result<(), CoreError> {
+        self.observe(now, node, beat)?;
+        if self.pending {
+            self.decide(now);
+        }
+        Ok(())
+    }
+
+    /// [`Core::heartbeat`] without the decision: the report's own consequences (job states,
+    /// released and revoked leases) happen now, and [`Core::decision_pending`] says whether a
+    /// decision should follow. A shell with many agents decides once for many reports, on
+    /// [`Core::tick`], instead of once per report.
+    pub fn observe(
         &mut self,
         now: UnixMillis,
         node: &str,
@@ -364,9 +388,19 @@ impl Core {
             .settled_at
             .is_some_and(|t| now < t + self.config.heartbeat_interval_ms);
         if !(quiet && settled) {
-            self.decide(now);
+            self.pending = true;
         }
         Ok(())
+    }
+
+    /// Whether an observation is waiting for a decision.
+    pub fn decision_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// When the decisions last ran.
+    pub fn decided_at(&self) -> Option<UnixMillis> {
+        self.decided_at
     }
 
     /// A load balancer or gateway in front of `service` holds `waiting` requests because no
@@ -485,9 +519,12 @@ impl Core {
             .values()
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
         let backoffs = self.jobs.values().filter_map(|j| j.not_before);
+        // An observation waiting for its decision: at once.
+        let pending = self.pending.then(|| self.decided_at.unwrap_or_default());
         self.leases
             .next_expiry()
             .into_iter()
+            .chain(pending)
             .chain(windows)
             .chain(silence)
             .chain(backoffs)
@@ -506,6 +543,8 @@ impl Core {
         self.place_queued(now);
         self.return_idle_nodes(now);
         self.settled_at = (self.changes == changes_before).then_some(now);
+        self.decided_at = Some(now);
+        self.pending = false;
     }
 
     fn expire_leases(&mut self, now: UnixMillis) {

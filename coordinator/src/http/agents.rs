@@ -1,5 +1,9 @@
 //! `/v1/agents`: the agent protocol. Register, heartbeat (answered with the desired state),
 //! and a long-poll that returns as soon as the node's desired state moves past a version.
+//!
+//! A heartbeat's own consequences (job states, released leases) are in its answer; the
+//! decisions it makes possible (new placements, a reclaim) follow within
+//! [`crate::cluster::DECISION_INTERVAL_MS`] and reach the agent through the long-poll.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +68,8 @@ pub async fn heartbeat(
     }
     let (desired, phases) = cluster
         .apply_async(|core, now| {
-            core.heartbeat(now, &node, beat)?;
+            core.observe(now, &node, beat)?;
+            crate::cluster::decide_if_due(core, now);
             let desired = core
                 .desired(&node)
                 .expect("a node that just heartbeat exists");
