@@ -11,6 +11,7 @@
 //! arrive during a write share the next one, so the fsync rate stays flat as calls grow.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -68,17 +69,10 @@ struct Settled {
 /// few decisions a second, not one each.
 pub const DECISION_INTERVAL_MS: u64 = 20;
 
-/// Decides now if an observation waits for a decision and the last one is older than
-/// [`DECISION_INTERVAL_MS`].
-pub fn decide_if_due(core: &mut Core, now: UnixMillis) {
-    if core.decision_pending()
-        && core
-            .decided_at()
-            .is_none_or(|t| now >= t + DECISION_INTERVAL_MS)
-    {
-        core.tick(now);
-    }
-}
+/// When one decision takes long (a big fleet, a deep queue), heartbeats space decisions
+/// further: this many times its duration, so that deciding never takes more than about a
+/// tenth of a core.
+const DECISION_SPACING: u64 = 10;
 
 /// Failed commits remembered for the callers still waiting on them.
 const FAILURES_KEPT: usize = 64;
@@ -101,6 +95,8 @@ pub struct Cluster {
     /// Each agent's base URL, as it last said (register, heartbeats): an address book of the
     /// shell, not a decision, so the core does not hold it.
     agent_urls: Mutex<HashMap<String, String>>,
+    /// How long the last decision a heartbeat made took, in microseconds.
+    decision_us: AtomicU64,
 }
 
 /// One call's changes on their way to disk: its batch (or the last batch staged before it,
@@ -115,6 +111,19 @@ pub fn now_ms() -> UnixMillis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs `f`, which blocks (a write and its fsync), on this thread; on a multi-threaded
+/// runtime its other tasks move to another thread meanwhile, so that their calls keep
+/// arriving and join the next commit.
+fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -157,7 +166,21 @@ impl Cluster {
             metrics: crate::metrics::Metrics::default(),
             versions: Mutex::new(versions),
             agent_urls: Mutex::new(HashMap::new()),
+            decision_us: AtomicU64::new(0),
         })
+    }
+
+    /// Decides now if an observation waits for a decision and the last one is older than
+    /// [`DECISION_INTERVAL_MS`], or ten times the last decision's duration if that is longer.
+    /// For the heartbeat path, inside [`Cluster::apply_async`].
+    pub fn decide_if_due(&self, core: &mut Core, now: UnixMillis) {
+        let interval = self.decision_interval_ms();
+        if core.decision_pending() && core.decided_at().is_none_or(|t| now >= t + interval) {
+            let started = std::time::Instant::now();
+            core.tick(now);
+            let took = started.elapsed().as_micros() as u64;
+            self.decision_us.store(took, Ordering::Relaxed);
+        }
     }
 
     /// Notes where `node`'s agent answers.
@@ -209,13 +232,7 @@ impl Cluster {
         let (result, staged) = self.stage(f);
         // On a multi-threaded runtime, let its other tasks move to another thread while this
         // one waits, so that their calls join the same commit.
-        let multi_thread = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if multi_thread {
-            tokio::task::block_in_place(|| self.durable_blocking(staged.seq))?;
-        } else {
-            self.durable_blocking(staged.seq)?;
-        }
+        in_place(|| self.durable_blocking(staged.seq))?;
         self.publish(staged.moved);
         Ok(result?)
     }
@@ -322,7 +339,7 @@ impl Cluster {
                 if !settled.committing {
                     settled.committing = true;
                     drop(settled);
-                    self.commit();
+                    in_place(|| self.commit());
                     continue;
                 }
             }
@@ -448,9 +465,20 @@ impl Cluster {
     /// When the core next wants a tick.
     pub fn next_deadline(&self) -> Option<UnixMillis> {
         let inner = lock(&self.inner);
-        let core = inner.core.next_deadline();
-        core.into_iter()
+        let core = &inner.core;
+        // Observations waiting for a decision: once the heartbeats' spacing has passed.
+        let pending = core
+            .decision_pending()
+            .then(|| core.decided_at().unwrap_or_default() + self.decision_interval_ms());
+        core.next_decision_deadline()
+            .into_iter()
+            .chain(pending)
             .chain(inner.pipelines.next_deadline())
             .min()
+    }
+
+    fn decision_interval_ms(&self) -> u64 {
+        let spacing_ms = self.decision_us.load(Ordering::Relaxed) * DECISION_SPACING / 1_000;
+        DECISION_INTERVAL_MS.max(spacing_ms)
     }
 }

@@ -508,6 +508,19 @@ impl Core {
 
     /// When `tick` should next be called, at the latest.
     pub fn next_deadline(&self) -> Option<UnixMillis> {
+        self.deadlines().min()
+    }
+
+    /// [`Core::next_deadline`] less the deadlines that the last decision already met (a
+    /// scaling window that ran out before it, for instance, and stays out while nothing
+    /// changes): what a shell that decides on its own schedule must still wake for.
+    pub fn next_decision_deadline(&self) -> Option<UnixMillis> {
+        self.deadlines()
+            .filter(|d| self.decided_at.is_none_or(|t| *d > t))
+            .min()
+    }
+
+    fn deadlines(&self) -> impl Iterator<Item = UnixMillis> + '_ {
         let windows = self.services.iter().filter_map(|(name, s)| {
             let policy = self.config.services.iter().find(|p| &p.name == name)?;
             let low = s.low_since.map(|t| t + policy.scale_down.window_ms);
@@ -519,16 +532,12 @@ impl Core {
             .values()
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
         let backoffs = self.jobs.values().filter_map(|j| j.not_before);
-        // An observation waiting for its decision: at once.
-        let pending = self.pending.then(|| self.decided_at.unwrap_or_default());
         self.leases
             .next_expiry()
             .into_iter()
-            .chain(pending)
             .chain(windows)
             .chain(silence)
             .chain(backoffs)
-            .min()
     }
 
     // ---- decisions ----------------------------------------------------------------------

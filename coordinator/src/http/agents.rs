@@ -3,7 +3,7 @@
 //!
 //! A heartbeat's own consequences (job states, released leases) are in its answer; the
 //! decisions it makes possible (new placements, a reclaim) follow within
-//! [`crate::cluster::DECISION_INTERVAL_MS`] and reach the agent through the long-poll.
+//! [`crate::cluster::DECISION_INTERVAL_MS`] (longer when deciding is slow) and reach the agent through the long-poll.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +69,7 @@ pub async fn heartbeat(
     let (desired, phases) = cluster
         .apply_async(|core, now| {
             core.observe(now, &node, beat)?;
-            crate::cluster::decide_if_due(core, now);
+            cluster.decide_if_due(core, now);
             let desired = core
                 .desired(&node)
                 .expect("a node that just heartbeat exists");

@@ -379,8 +379,10 @@ async fn coordinator(
     data_dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<CoordinatorReport> {
     let c = start_coordinator(data_dir).await?;
+    // One kept-alive HTTP/1.1 connection per agent, as a real agent holds.
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(4_096)
+        .pool_max_idle_per_host(agents as usize + 64)
+        .http1_only()
         .timeout(Duration::from_secs(10))
         .build()?;
 
