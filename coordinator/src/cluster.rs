@@ -2,16 +2,22 @@
 //! version channel per node that wakes agents long-polling for their desired state.
 //!
 //! [`Cluster::apply`] is the only way in: it runs one core call with the current time,
-//! writes every change the core reports to the store, and only then publishes new desired
-//! versions, so an agent never acts on a decision that a crash could forget.
+//! writes every change the core reports to the store, and only then answers and publishes new
+//! desired versions, so an agent never acts on a decision that a crash could forget.
+//!
+//! Writes are group-committed: a call queues its changes under the core's lock and lets go
+//! of it; the first call to find no write in progress writes everything queued in one
+//! transaction (one fsync), and each call answers once its own batch is on disk. Calls that
+//! arrive during a write share the next one, so the fsync rate stays flat as calls grow.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nightshift_common::UnixMillis;
 use nightshift_core::{Core, CoreConfig, CoreError, Effect};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::config::AccountingConfig;
 use crate::pipelines::Pipelines;
@@ -21,20 +27,66 @@ use crate::store::{Changes, Store, StoreError};
 pub enum ApplyError {
     #[error(transparent)]
     Core(#[from] CoreError),
+    /// Shared: one failed commit fails every call whose changes it carried.
     #[error("state not saved: {0}")]
-    Store(#[from] StoreError),
+    Store(Arc<StoreError>),
     #[error("pipelines cannot be rebuilt from the store: {0}")]
     Pipelines(String),
 }
 
+impl From<StoreError> for ApplyError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(Arc::new(e))
+    }
+}
+
 struct Inner {
     core: Core,
-    store: Store,
     pipelines: Pipelines,
 }
 
+/// Changes staged by calls, in the order the core made them, not yet written.
+#[derive(Default)]
+struct Queue {
+    pending: Vec<Changes>,
+    /// The sequence number of the last batch staged (batches count from 1).
+    staged: u64,
+}
+
+/// What the commits have settled so far.
+#[derive(Default)]
+struct Settled {
+    /// Every batch up to this one is written (or failed, see `failures`).
+    upto: u64,
+    /// A call is writing the queue now; the others wait for it.
+    committing: bool,
+    /// Recent failed commits: the batches `from..=to` they carried, and why.
+    failures: VecDeque<(u64, u64, Arc<StoreError>)>,
+}
+
+/// Heartbeats decide at most this often; the reports in between wait for the next decision
+/// (the ticker makes it within about this time), so that a fleet's worth of reports costs a
+/// few decisions a second, not one each.
+pub const DECISION_INTERVAL_MS: u64 = 20;
+
+/// When one decision takes long (a big fleet, a deep queue), heartbeats space decisions
+/// further: this many times its duration, so that deciding never takes more than about a
+/// tenth of a core.
+const DECISION_SPACING: u64 = 10;
+
+/// Failed commits remembered for the callers still waiting on them.
+const FAILURES_KEPT: usize = 64;
+
 pub struct Cluster {
     inner: Mutex<Inner>,
+    /// Lock order: `store`, then `inner`, then `queue`; `settled` is taken alone.
+    store: Mutex<Store>,
+    queue: Mutex<Queue>,
+    settled: Mutex<Settled>,
+    /// Wakes blocking callers waiting on `settled`.
+    settled_cv: Condvar,
+    /// Wakes async callers waiting on `settled`.
+    settled_notify: Notify,
     config: CoreConfig,
     /// What a GPU-hour is worth, for reports.
     pub accounting: AccountingConfig,
@@ -43,6 +95,15 @@ pub struct Cluster {
     /// Each agent's base URL, as it last said (register, heartbeats): an address book of the
     /// shell, not a decision, so the core does not hold it.
     agent_urls: Mutex<HashMap<String, String>>,
+    /// How long the last decision a heartbeat made took, in microseconds.
+    decision_us: AtomicU64,
+}
+
+/// One call's changes on their way to disk: its batch (or the last batch staged before it,
+/// if it changed nothing) and the desired versions to publish once that batch is written.
+struct Staged {
+    seq: u64,
+    moved: Vec<(String, u64)>,
 }
 
 /// Wall-clock milliseconds since the Unix epoch: the only clock the core is given.
@@ -50,6 +111,23 @@ pub fn now_ms() -> UnixMillis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs `f`, which blocks (a write and its fsync), on this thread; on a multi-threaded
+/// runtime its other tasks move to another thread meanwhile, so that their calls keep
+/// arriving and join the next commit.
+fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Cluster {
@@ -77,22 +155,44 @@ impl Cluster {
             })
             .collect();
         Ok(Self {
-            inner: Mutex::new(Inner {
-                core,
-                store,
-                pipelines,
-            }),
+            inner: Mutex::new(Inner { core, pipelines }),
+            store: Mutex::new(store),
+            queue: Mutex::new(Queue::default()),
+            settled: Mutex::new(Settled::default()),
+            settled_cv: Condvar::new(),
+            settled_notify: Notify::new(),
             config,
             accounting,
             metrics: crate::metrics::Metrics::default(),
             versions: Mutex::new(versions),
             agent_urls: Mutex::new(HashMap::new()),
+            decision_us: AtomicU64::new(0),
         })
+    }
+
+    /// Decides now if an observation waits for a decision and the last one is older than
+    /// [`DECISION_INTERVAL_MS`], or ten times the last decision's duration if that is longer.
+    /// For the heartbeat path, inside [`Cluster::apply_async`].
+    pub fn decide_if_due(&self, core: &mut Core, now: UnixMillis) {
+        let interval = self.decision_interval_ms();
+        if core.decision_pending() && core.decided_at().is_none_or(|t| now >= t + interval) {
+            let started = std::time::Instant::now();
+            core.tick(now);
+            let took = started.elapsed().as_micros() as u64;
+            self.decision_us.store(took, Ordering::Relaxed);
+        }
+    }
+
+    /// Admits each pipeline step by `policy` from now on, as `POST /v1/jobs` admits a job.
+    pub fn set_job_policy(&self, policy: crate::policy::PolicyConfig) {
+        lock(&self.inner)
+            .pipelines
+            .set_policy(std::sync::Arc::new(policy));
     }
 
     /// Notes where `node`'s agent answers.
     pub fn note_agent_url(&self, node: &str, url: &str) {
-        let mut urls = self.agent_urls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut urls = lock(&self.agent_urls);
         if urls.get(node).map(String::as_str) != Some(url) {
             urls.insert(node.to_owned(), url.to_owned());
         }
@@ -100,21 +200,33 @@ impl Cluster {
 
     /// Where `node`'s agent answers, once it has said.
     pub fn agent_url(&self, node: &str) -> Option<String> {
-        self.agent_urls
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(node)
-            .cloned()
+        lock(&self.agent_urls).get(node).cloned()
     }
 
     /// Runs `f` on the core at the current time, persists what changed, then wakes the agents
     /// whose desired state moved. If saving fails, the core is rebuilt from the store, so
-    /// memory never runs ahead of disk.
+    /// memory never runs ahead of disk for long, and no caller is answered with state that
+    /// was not saved.
+    ///
+    /// Blocks the thread while the changes are written; async handlers on the hot path use
+    /// [`Cluster::apply_async`].
     pub fn apply<T>(
         &self,
         f: impl FnOnce(&mut Core, UnixMillis) -> Result<T, CoreError>,
     ) -> Result<T, ApplyError> {
         self.apply_with_pipelines(|core, _, now| f(core, now))
+    }
+
+    /// [`Cluster::apply`] that waits for the write without blocking the thread, so that the
+    /// changes of many calls share one commit.
+    pub async fn apply_async<T>(
+        &self,
+        f: impl FnOnce(&mut Core, UnixMillis) -> Result<T, CoreError>,
+    ) -> Result<T, ApplyError> {
+        let (result, staged) = self.stage(|core, _, now| f(core, now));
+        self.durable_async(staged.seq).await?;
+        self.publish(staged.moved);
+        Ok(result?)
     }
 
     /// [`Cluster::apply`] with the pipeline runs at hand too. After `f`, every run is fed the
@@ -124,22 +236,38 @@ impl Cluster {
         &self,
         f: impl FnOnce(&mut Core, &mut Pipelines, UnixMillis) -> Result<T, CoreError>,
     ) -> Result<T, ApplyError> {
+        let (result, staged) = self.stage(f);
+        // On a multi-threaded runtime, let its other tasks move to another thread while this
+        // one waits, so that their calls join the same commit.
+        in_place(|| self.durable_blocking(staged.seq))?;
+        self.publish(staged.moved);
+        Ok(result?)
+    }
+
+    /// Runs `f` under the core's lock and queues what changed for the next commit. The time
+    /// under the lock is the core call and the copying of changed records, nothing more.
+    fn stage<T>(
+        &self,
+        f: impl FnOnce(&mut Core, &mut Pipelines, UnixMillis) -> Result<T, CoreError>,
+    ) -> (Result<T, CoreError>, Staged) {
         let now = now_ms();
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.inner);
         let inner = &mut *guard;
         let result = f(&mut inner.core, &mut inner.pipelines, now);
         inner.pipelines.drive(&mut inner.core, now);
         let effects = inner.core.poll_effects();
         let pipeline_changes = inner.pipelines.take_changes();
+        let mut moved = Vec::new();
         if effects.is_empty() && pipeline_changes.is_empty() {
-            return Ok(result?);
+            // Nothing to write, but what `f` read may come from calls still being written.
+            let seq = lock(&self.queue).staged;
+            return (result, Staged { seq, moved });
         }
         let mut changes = Changes {
             counters: Some(inner.core.next_ids()),
             pipelines: pipeline_changes,
             ..Default::default()
         };
-        let mut moved = Vec::new();
         for effect in &effects {
             match effect {
                 Effect::JobChanged(id) => changes.jobs.extend(inner.core.job(*id)),
@@ -157,60 +285,210 @@ impl Cluster {
                 }
             }
         }
-        if let Err(e) = inner.store.write(&changes) {
-            tracing::error!(error = %e, "saving state failed; reloading the core from the store");
-            let snapshot = inner.store.load()?;
-            inner.core = Core::restore(self.config.clone(), snapshot, now);
-            inner.pipelines =
-                Pipelines::restore(inner.store.load_pipelines()?).map_err(ApplyError::Pipelines)?;
-            return Err(e.into());
+        let mut queue = lock(&self.queue);
+        queue.pending.push(changes);
+        queue.staged += 1;
+        let seq = queue.staged;
+        (result, Staged { seq, moved })
+    }
+
+    /// How batch `seq` ended, once it has.
+    fn outcome(settled: &Settled, seq: u64) -> Option<Result<(), ApplyError>> {
+        if settled.upto < seq {
+            return None;
         }
-        drop(guard);
-        let mut versions = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        Some(
+            match settled
+                .failures
+                .iter()
+                .find(|(from, to, _)| (*from..=*to).contains(&seq))
+            {
+                Some((_, _, e)) => Err(ApplyError::Store(e.clone())),
+                None => Ok(()),
+            },
+        )
+    }
+
+    /// Waits, blocking the thread, until batch `seq` is written (or failed). When no other
+    /// call is writing, this one writes everything queued.
+    fn durable_blocking(&self, seq: u64) -> Result<(), ApplyError> {
+        let mut settled = lock(&self.settled);
+        loop {
+            if let Some(outcome) = Self::outcome(&settled, seq) {
+                return outcome;
+            }
+            if !settled.committing {
+                settled.committing = true;
+                drop(settled);
+                self.commit();
+                settled = lock(&self.settled);
+                continue;
+            }
+            settled = self
+                .settled_cv
+                .wait(settled)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// [`Cluster::durable_blocking`] for async callers: while another call writes, this one
+    /// yields, so that the calls arriving meanwhile queue up for the next commit.
+    async fn durable_async(&self, seq: u64) -> Result<(), ApplyError> {
+        loop {
+            let notified = self.settled_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut settled = lock(&self.settled);
+                if let Some(outcome) = Self::outcome(&settled, seq) {
+                    return outcome;
+                }
+                if !settled.committing {
+                    settled.committing = true;
+                    drop(settled);
+                    in_place(|| self.commit());
+                    continue;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Writes every queued batch in one transaction, then settles them. The caller has set
+    /// `committing`; this clears it. If the write fails, the core is rebuilt from the store
+    /// and every batch staged since (built on the lost changes) fails too.
+    fn commit(&self) {
+        let mut store = lock(&self.store);
+        let (batch, upto) = {
+            let mut queue = lock(&self.queue);
+            (std::mem::take(&mut queue.pending), queue.staged)
+        };
+        let mut failed = None;
+        let mut settled_upto = upto;
+        if !batch.is_empty()
+            && let Err(e) = store.write_all(&batch)
+        {
+            tracing::error!(error = %e, "saving state failed; reloading the core from the store");
+            let from = upto + 1 - batch.len() as u64;
+            let mut inner = lock(&self.inner);
+            {
+                let mut queue = lock(&self.queue);
+                queue.pending.clear();
+                settled_upto = queue.staged;
+            }
+            self.reload(&mut inner, &store);
+            failed = Some((from, settled_upto, Arc::new(e)));
+        }
+        drop(store);
+        let mut settled = lock(&self.settled);
+        settled.upto = settled.upto.max(settled_upto);
+        settled.committing = false;
+        if let Some(f) = failed {
+            settled.failures.push_back(f);
+            if settled.failures.len() > FAILURES_KEPT {
+                settled.failures.pop_front();
+            }
+        }
+        drop(settled);
+        self.settled_cv.notify_all();
+        self.settled_notify.notify_waiters();
+    }
+
+    /// Rebuilds the core and the pipeline runs from what the store holds.
+    fn reload(&self, inner: &mut Inner, store: &Store) {
+        let rebuilt = store.load().and_then(|snapshot| {
+            let pipelines = store.load_pipelines()?;
+            Ok((snapshot, pipelines))
+        });
+        match rebuilt {
+            Ok((snapshot, pipelines)) => {
+                inner.core = Core::restore(self.config.clone(), snapshot, now_ms());
+                match Pipelines::restore(pipelines) {
+                    Ok(mut p) => {
+                        p.set_policy(inner.pipelines.policy());
+                        inner.pipelines = p;
+                    }
+                    Err(reason) => {
+                        tracing::error!(%reason, "pipelines cannot be rebuilt from the store")
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "reloading the core from the store failed"),
+        }
+    }
+
+    /// Wakes the agents whose desired state moved. A version only ever rises, whatever order
+    /// concurrent calls publish in.
+    fn publish(&self, moved: Vec<(String, u64)>) {
+        if moved.is_empty() {
+            return;
+        }
+        let mut versions = lock(&self.versions);
         for (node, version) in moved {
             versions
                 .entry(node)
                 .and_modify(|tx| {
-                    tx.send_if_modified(|v| std::mem::replace(v, version) != version);
+                    tx.send_if_modified(|v| {
+                        let newer = version > *v;
+                        if newer {
+                            *v = version;
+                        }
+                        newer
+                    });
                 })
                 .or_insert_with(|| watch::channel(version).0);
         }
-        Ok(result?)
     }
 
-    /// Reads the core at the current time.
+    /// Reads the core at the current time. What it reads was saved: if calls before it are
+    /// still being written, it waits for them.
     pub fn read<T>(&self, f: impl FnOnce(&Core, UnixMillis) -> T) -> T {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        f(&inner.core, now_ms())
+        let (value, seq) = {
+            let inner = lock(&self.inner);
+            let seq = lock(&self.queue).staged;
+            (f(&inner.core, now_ms()), seq)
+        };
+        // A failed write has rebuilt the core already; the caller sees the error on its
+        // next change, so a read only waits.
+        let _ = self.durable_blocking(seq);
+        value
     }
 
     /// Reads the core and the pipeline runs.
     pub fn read_pipelines<T>(&self, f: impl FnOnce(&Core, &Pipelines) -> T) -> T {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = lock(&self.inner);
         f(&inner.core, &inner.pipelines)
     }
 
     /// A receiver of `node`'s desired-state version, or `None` for an unknown node.
     pub fn watch(&self, node: &str) -> Option<watch::Receiver<u64>> {
-        self.versions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(node)
-            .map(|tx| tx.subscribe())
+        lock(&self.versions).get(node).map(|tx| tx.subscribe())
     }
 
     /// Reads the store (accounting queries).
     pub fn read_store<T>(&self, f: impl FnOnce(&Store, &Core, UnixMillis) -> T) -> T {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        f(&inner.store, &inner.core, now_ms())
+        let store = lock(&self.store);
+        let inner = lock(&self.inner);
+        f(&store, &inner.core, now_ms())
     }
 
     /// When the core next wants a tick.
     pub fn next_deadline(&self) -> Option<UnixMillis> {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let core = inner.core.next_deadline();
-        core.into_iter()
+        let inner = lock(&self.inner);
+        let core = &inner.core;
+        // Observations waiting for a decision: once the heartbeats' spacing has passed.
+        let pending = core
+            .decision_pending()
+            .then(|| core.decided_at().unwrap_or_default() + self.decision_interval_ms());
+        core.next_decision_deadline()
+            .into_iter()
+            .chain(pending)
             .chain(inner.pipelines.next_deadline())
             .min()
+    }
+
+    fn decision_interval_ms(&self) -> u64 {
+        let spacing_ms = self.decision_us.load(Ordering::Relaxed) * DECISION_SPACING / 1_000;
+        DECISION_INTERVAL_MS.max(spacing_ms)
     }
 }

@@ -109,6 +109,10 @@ impl Pipelines {
         self.policy = policy;
     }
 
+    pub fn policy(&self) -> Arc<PolicyConfig> {
+        self.policy.clone()
+    }
+
     pub fn take_changes(&mut self) -> PipelineChanges {
         std::mem::take(&mut self.pending)
     }

@@ -17,11 +17,9 @@ const MAX_TICK: Duration = Duration::from_millis(500);
 pub fn open(config: &CoordinatorConfig) -> anyhow::Result<Arc<Cluster>> {
     let store = Store::open(&config.data_dir)?;
     tracing::info!(db = %store.path().display(), "store opened");
-    Ok(Arc::new(Cluster::open(
-        config.core(),
-        config.accounting.clone(),
-        store,
-    )?))
+    let cluster = Cluster::open(config.core(), config.accounting.clone(), store)?;
+    cluster.set_job_policy(config.policy.clone());
+    Ok(Arc::new(cluster))
 }
 
 /// Serves the API on `listener` until `shutdown` completes.

@@ -444,12 +444,29 @@ impl Store {
 
     /// Writes one batch of changes in a single transaction.
     pub fn write(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        self.write_all(std::slice::from_ref(changes))
+    }
+
+    /// Writes several batches, in order, in a single transaction: one commit (and one
+    /// fsync) for the changes of many calls (group commit).
+    pub fn write_all(&mut self, batches: &[Changes]) -> Result<(), StoreError> {
         let path = self.path.clone();
         let sql = |source| StoreError::Sqlite {
             path: path.clone(),
             source,
         };
         let tx = self.conn.transaction().map_err(sql)?;
+        for changes in batches {
+            Self::write_in(&tx, &sql, changes)?;
+        }
+        tx.commit().map_err(sql)
+    }
+
+    fn write_in(
+        tx: &rusqlite::Transaction<'_>,
+        sql: &impl Fn(rusqlite::Error) -> StoreError,
+        changes: &Changes,
+    ) -> Result<(), StoreError> {
         for job in &changes.jobs {
             let record = serde_json::to_string(job).expect("wire types always serialize");
             tx.execute(
@@ -548,7 +565,7 @@ impl Store {
                 .map_err(sql)?;
             }
         }
-        tx.commit().map_err(sql)
+        Ok(())
     }
 }
 
@@ -612,6 +629,32 @@ mod tests {
             ),
             (3, 5, 7)
         );
+    }
+
+    #[test]
+    fn batches_written_together_apply_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let mut later = job(1);
+        later.state = JobState::Running;
+        store
+            .write_all(&[
+                Changes {
+                    jobs: vec![job(1)],
+                    counters: Some((2, 1, 1)),
+                    ..Default::default()
+                },
+                Changes {
+                    jobs: vec![later.clone(), job(2)],
+                    counters: Some((3, 4, 4)),
+                    ..Default::default()
+                },
+            ])
+            .unwrap();
+        drop(store);
+        let snapshot = Store::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(snapshot.jobs, vec![later, job(2)]);
+        assert_eq!(snapshot.next_lease_id, 4);
     }
 
     #[test]

@@ -153,3 +153,41 @@ async fn a_run_queues_its_first_step_and_survives_a_restart_without_resubmitting
         .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
 }
+
+#[tokio::test]
+async fn each_step_is_admitted_by_the_job_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = CoordinatorConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: dir.path().join("refused"),
+        ..CoordinatorConfig::default()
+    };
+    cfg.policy.allowed_images = vec!["registry.example/".into()];
+    let s = start(&cfg).await;
+    let (status, body) = s.submit(DIAMOND, json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    let run: PipelineRunView = serde_json::from_value(body).unwrap();
+    let jobs: JobList = s.get("/v1/jobs").await;
+    assert!(jobs.jobs.is_empty(), "busybox is not allowed: {jobs:?}");
+    let run: PipelineRunView = s.get(&format!("/v1/pipelines/{}", run.id)).await;
+    assert_eq!(run.phase, "Failed", "{run:#?}");
+    let a = run.nodes.iter().find(|n| n.name == "d.A").expect("step A");
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.contains("policy.allowed_images: image busybox is not under")),
+        "{a:#?}"
+    );
+    s.task.abort();
+
+    // A step under the policy's run-time limit carries it, as a job submitted alone would.
+    cfg.policy.allowed_images.clear();
+    cfg.policy.max_run_seconds_per_job = 600;
+    cfg.data_dir = dir.path().join("limited");
+    let s = start(&cfg).await;
+    let (status, body) = s.submit(DIAMOND, json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    let jobs: JobList = s.get("/v1/jobs").await;
+    assert_eq!(jobs.jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs.jobs[0].spec.max_run_seconds, Some(600));
+}

@@ -2,6 +2,13 @@
 //!
 //! Every mutating call ends with [`Core::decide`], which expires leases, scales each service
 //! and places queued jobs, so a decision follows the input that made it possible at once.
+//!
+//! One exception keeps a large fleet cheap: a heartbeat that reports nothing the decisions
+//! read (same replica state and signals, same occupied GPUs, no job event, no new phase, the
+//! node already reachable) does not decide again when the last decision changed nothing and
+//! is younger than one heartbeat interval. Deciding again would only differ by the time,
+//! and time-driven decisions have their deadline in [`Core::next_deadline`] (or, for the
+//! rules without one, wait at most one heartbeat interval).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -102,6 +109,14 @@ pub struct Core {
     pub(crate) next_job_id: u64,
     pub(crate) services: BTreeMap<String, ServiceState>,
     effects: BTreeSet<Effect>,
+    /// How many effects have been recorded, ever: whether a step changed anything.
+    changes: u64,
+    /// When [`Core::decide`] last ran and changed nothing (a fixed point for its inputs).
+    settled_at: Option<UnixMillis>,
+    /// When [`Core::decide`] last ran.
+    decided_at: Option<UnixMillis>,
+    /// An observation arrived that a decision has not followed yet ([`Core::observe`]).
+    pending: bool,
 }
 
 impl Core {
@@ -168,11 +183,20 @@ impl Core {
             next_job_id: snapshot.next_job_id.max(max_job + 1).max(1),
             services,
             effects: BTreeSet::new(),
+            changes: 0,
+            settled_at: None,
+            decided_at: None,
+            pending: false,
         }
     }
 
     pub fn config(&self) -> &CoreConfig {
         &self.config
+    }
+
+    fn effect(&mut self, effect: Effect) {
+        self.changes += 1;
+        self.effects.insert(effect);
     }
 
     /// What changed since the last call, each entity once.
@@ -225,28 +249,59 @@ impl Core {
         };
         n.last_heartbeat = Some(now);
         n.address = address.unwrap_or_else(|| node.to_owned());
-        self.effects.insert(Effect::NodeChanged(node.to_owned()));
+        self.effect(Effect::NodeChanged(node.to_owned()));
         self.decide(now);
         Ok(())
     }
 
-    /// What an agent observes. Renews the node's leases and moves its jobs along.
+    /// What an agent observes. Renews the node's leases and moves its jobs along, then
+    /// decides if the report could change a decision.
     pub fn heartbeat(
         &mut self,
         now: UnixMillis,
         node: &str,
         beat: Heartbeat,
     ) -> Result<(), CoreError> {
+        self.observe(now, node, beat)?;
+        if self.pending {
+            self.decide(now);
+        }
+        Ok(())
+    }
+
+    /// [`Core::heartbeat`] without the decision: the report's own consequences (job states,
+    /// released and revoked leases) happen now, and [`Core::decision_pending`] says whether a
+    /// decision should follow. A shell with many agents decides once for many reports, on
+    /// [`Core::tick`], instead of once per report.
+    pub fn observe(
+        &mut self,
+        now: UnixMillis,
+        node: &str,
+        beat: Heartbeat,
+    ) -> Result<(), CoreError> {
+        let changes_before = self.changes;
+        let ttl = self.config.lease_ttl_ms;
         let n = self
             .nodes
             .get_mut(node)
             .ok_or_else(|| CoreError::UnknownNode(node.to_owned()))?;
+        // What the decisions read of a node, before and after this report.
+        let seen = |n: &Node| {
+            (
+                n.reachable(now, ttl),
+                n.replica.clone(),
+                n.occupied_gpus(),
+                n.phases.back().map(|p| p.seq),
+            )
+        };
+        let before = seen(n);
         n.last_heartbeat = Some(now);
         n.applied_version = beat.applied_version;
         n.gpu_status = beat.gpus;
         n.replica = Some(beat.replica);
         n.record_phases(&beat.phases);
         n.runs = beat.jobs;
+        let observed_change = seen(n) != before;
         let applied = n.applied_version;
         let runs = n.runs.clone();
         // Leases the agent's fail-safe stopped while it could not reach us: their jobs were
@@ -287,7 +342,7 @@ impl Core {
                 && job.last_checkpoint_at < Some(at)
             {
                 job.last_checkpoint_at = Some(at);
-                self.effects.insert(Effect::JobChanged(lease.job));
+                self.effect(Effect::JobChanged(lease.job));
             }
             let event = match run.map(|r| &r.state) {
                 Some(JobRunState::Running | JobRunState::Stopping) => Some(JobEvent::Started),
@@ -328,8 +383,24 @@ impl Core {
                 self.member_event(now, &lease, event);
             }
         }
-        self.decide(now);
+        let quiet = !observed_change && self.changes == changes_before;
+        let settled = self
+            .settled_at
+            .is_some_and(|t| now < t + self.config.heartbeat_interval_ms);
+        if !(quiet && settled) {
+            self.pending = true;
+        }
         Ok(())
+    }
+
+    /// Whether an observation is waiting for a decision.
+    pub fn decision_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// When the decisions last ran.
+    pub fn decided_at(&self) -> Option<UnixMillis> {
+        self.decided_at
     }
 
     /// A load balancer or gateway in front of `service` holds `waiting` requests because no
@@ -355,7 +426,7 @@ impl Core {
         let id = self.next_job_id;
         self.next_job_id += 1;
         self.jobs.insert(id, Job::new(id, spec, now));
-        self.effects.insert(Effect::JobChanged(id));
+        self.effect(Effect::JobChanged(id));
         self.decide(now);
         Ok(id)
     }
@@ -433,18 +504,20 @@ impl Core {
     /// Time passes: stop jobs past their run-time limit, expire leases, and make the
     /// decisions whose windows have run out.
     pub fn tick(&mut self, now: UnixMillis) {
-        self.enforce_run_limits(now);
         self.decide(now);
     }
 
-    /// Stops every running job that has used up its `maxRunSeconds`.
+    /// Stops every running job that has used up its `maxRunSeconds`. A running job holds a
+    /// lease, so this walks the leases, not every job ever submitted.
     fn enforce_run_limits(&mut self, now: UnixMillis) {
-        let over: Vec<u64> = self
-            .jobs
-            .values()
+        let mut over: Vec<u64> = self
+            .leases
+            .all()
+            .filter_map(|l| self.jobs.get(&l.job))
             .filter(|j| j.run_deadline().is_some_and(|at| at <= now))
             .map(|j| j.id)
             .collect();
+        over.dedup();
         for id in over {
             let _ = self.job_event(now, id, JobEvent::RunLimit);
         }
@@ -452,6 +525,19 @@ impl Core {
 
     /// When `tick` should next be called, at the latest.
     pub fn next_deadline(&self) -> Option<UnixMillis> {
+        self.deadlines().min()
+    }
+
+    /// [`Core::next_deadline`] less the deadlines that the last decision already met (a
+    /// scaling window that ran out before it, for instance, and stays out while nothing
+    /// changes): what a shell that decides on its own schedule must still wake for.
+    pub fn next_decision_deadline(&self) -> Option<UnixMillis> {
+        self.deadlines()
+            .filter(|d| self.decided_at.is_none_or(|t| *d > t))
+            .min()
+    }
+
+    fn deadlines(&self) -> impl Iterator<Item = UnixMillis> + '_ {
         let windows = self.services.iter().filter_map(|(name, s)| {
             let policy = self.config.services.iter().find(|p| &p.name == name)?;
             let low = s.low_since.map(|t| t + policy.scale_down.window_ms);
@@ -462,23 +548,27 @@ impl Core {
             .nodes
             .values()
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
-        // A retried job's backoff, a running job's run-time limit.
-        let backoffs = self
-            .jobs
-            .values()
-            .flat_map(|j| j.not_before.into_iter().chain(j.run_deadline()));
+        // A retried job's backoff; a running job's run-time limit (a running job holds a
+        // lease).
+        let backoffs = self.jobs.values().filter_map(|j| j.not_before);
+        let run_limits = self
+            .leases
+            .all()
+            .filter_map(|l| self.jobs.get(&l.job)?.run_deadline());
         self.leases
             .next_expiry()
             .into_iter()
             .chain(windows)
             .chain(silence)
             .chain(backoffs)
-            .min()
+            .chain(run_limits)
     }
 
     // ---- decisions ----------------------------------------------------------------------
 
     pub(crate) fn decide(&mut self, now: UnixMillis) {
+        let changes_before = self.changes;
+        self.enforce_run_limits(now);
         self.expire_leases(now);
         let services: Vec<String> = self.services.keys().cloned().collect();
         for service in &services {
@@ -486,6 +576,9 @@ impl Core {
         }
         self.place_queued(now);
         self.return_idle_nodes(now);
+        self.settled_at = (self.changes == changes_before).then_some(now);
+        self.decided_at = Some(now);
+        self.pending = false;
     }
 
     fn expire_leases(&mut self, now: UnixMillis) {
@@ -548,7 +641,7 @@ impl Core {
             }
         }
         if changed {
-            self.effects.insert(Effect::JobChanged(id));
+            self.effect(Effect::JobChanged(id));
         }
         Ok(())
     }
@@ -568,7 +661,7 @@ impl Core {
                     .grant(now, ttl, job, rank as u32, &node, gpus, version)
                     .id,
             );
-            self.effects.insert(Effect::NodeChanged(node));
+            self.effect(Effect::NodeChanged(node));
         }
         if self
             .job_event(
@@ -615,7 +708,7 @@ impl Core {
             }
             _ => 0,
         };
-        self.effects.insert(Effect::LeaseEnded(Usage {
+        self.effect(Effect::LeaseEnded(Usage {
             lease_id: l.id,
             job_id: l.job,
             team: job
@@ -644,7 +737,7 @@ impl Core {
     pub(crate) fn bump(&mut self, node: &str) {
         if let Some(n) = self.nodes.get_mut(node) {
             n.desired_version += 1;
-            self.effects.insert(Effect::NodeChanged(node.to_owned()));
+            self.effect(Effect::NodeChanged(node.to_owned()));
         }
     }
 

@@ -4,8 +4,13 @@
 //! Epochs come from one counter that only goes up, so a lease granted later always carries a
 //! higher epoch than every lease before it; agents refuse a lease older than one they have
 //! honoured on the same GPU.
+//!
+//! The table keeps two indexes beside the leases themselves, so that the hot paths cost what
+//! one node holds, not what the whole cluster holds: the leases of each node (renewal on a
+//! heartbeat, the free GPUs of a node) and the leases by expiry (what expired, the next
+//! deadline).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::UnixMillis;
 
@@ -30,6 +35,10 @@ pub struct Lease {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LeaseTable {
     leases: BTreeMap<u64, Lease>,
+    /// Lease ids by node.
+    by_node: BTreeMap<String, BTreeSet<u64>>,
+    /// `(expires_at, id)` of every lease.
+    by_expiry: BTreeSet<(UnixMillis, u64)>,
     next_id: u64,
     next_epoch: u64,
 }
@@ -38,11 +47,24 @@ impl LeaseTable {
     pub(crate) fn restore(leases: Vec<Lease>, next_id: u64, next_epoch: u64) -> Self {
         let max_id = leases.iter().map(|l| l.id).max().unwrap_or(0);
         let max_epoch = leases.iter().map(|l| l.epoch).max().unwrap_or(0);
-        Self {
-            leases: leases.into_iter().map(|l| (l.id, l)).collect(),
+        let mut table = Self {
             next_id: next_id.max(max_id + 1).max(1),
             next_epoch: next_epoch.max(max_epoch + 1).max(1),
+            ..Self::default()
+        };
+        for l in leases {
+            table.insert(l);
         }
+        table
+    }
+
+    fn insert(&mut self, lease: Lease) {
+        self.by_node
+            .entry(lease.node.clone())
+            .or_default()
+            .insert(lease.id);
+        self.by_expiry.insert((lease.expires_at, lease.id));
+        self.leases.insert(lease.id, lease);
     }
 
     pub(crate) fn next_id(&self) -> u64 {
@@ -80,7 +102,8 @@ impl LeaseTable {
             revoked: false,
             granted_version,
         };
-        self.leases.entry(id).or_insert(lease)
+        self.insert(lease);
+        &self.leases[&id]
     }
 
     pub(crate) fn get(&self, id: u64) -> Option<&Lease> {
@@ -94,26 +117,53 @@ impl LeaseTable {
     }
 
     pub(crate) fn release(&mut self, id: u64) -> Option<Lease> {
-        self.leases.remove(&id)
+        let lease = self.leases.remove(&id)?;
+        if let Some(ids) = self.by_node.get_mut(&lease.node) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.by_node.remove(&lease.node);
+            }
+        }
+        self.by_expiry.remove(&(lease.expires_at, id));
+        Some(lease)
     }
 
     /// Extends every lease of `node` to `now + ttl`: the node has just been heard from.
     pub(crate) fn renew(&mut self, node: &str, now: UnixMillis, ttl_ms: u64) {
-        for l in self.leases.values_mut().filter(|l| l.node == node) {
-            l.expires_at = l.expires_at.max(now + ttl_ms);
+        let Some(ids) = self.by_node.get(node) else {
+            return;
+        };
+        for id in ids {
+            let Some(l) = self.leases.get_mut(id) else {
+                continue;
+            };
+            let expires_at = l.expires_at.max(now + ttl_ms);
+            if expires_at != l.expires_at {
+                self.by_expiry.remove(&(l.expires_at, l.id));
+                self.by_expiry.insert((expires_at, l.id));
+                l.expires_at = expires_at;
+            }
         }
     }
 
+    /// Leases whose time is up at `now`, by id.
     pub(crate) fn expired(&self, now: UnixMillis) -> Vec<u64> {
-        self.leases
-            .values()
-            .filter(|l| l.expires_at <= now)
-            .map(|l| l.id)
-            .collect()
+        let mut ids: Vec<u64> = self
+            .by_expiry
+            .range(..=(now, u64::MAX))
+            .map(|(_, id)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
     }
 
+    /// The leases of `node`, by id.
     pub(crate) fn on_node<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
-        self.leases.values().filter(move |l| l.node == node)
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.leases.get(id))
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &Lease> {
@@ -131,7 +181,7 @@ impl LeaseTable {
     }
 
     pub(crate) fn next_expiry(&self) -> Option<UnixMillis> {
-        self.leases.values().map(|l| l.expires_at).min()
+        self.by_expiry.first().map(|(at, _)| *at)
     }
 }
 
@@ -160,5 +210,29 @@ mod tests {
         t.renew("n", 80, 50);
         assert_eq!(t.get(id).unwrap().expires_at, 130);
         assert_eq!(t.expired(130), vec![id]);
+    }
+
+    #[test]
+    fn the_indexes_follow_grants_renewals_and_releases() {
+        let mut t = LeaseTable::default();
+        let a = t.grant(0, 100, 1, 0, "n1", vec![0], 1).id;
+        let b = t.grant(0, 50, 2, 0, "n2", vec![0, 1], 1).id;
+        let c = t.grant(0, 70, 3, 0, "n1", vec![2], 1).id;
+        let on = |t: &LeaseTable, node: &str| t.on_node(node).map(|l| l.id).collect::<Vec<_>>();
+        assert_eq!(on(&t, "n1"), vec![a, c]);
+        assert_eq!(on(&t, "n2"), vec![b]);
+        assert_eq!(t.held_gpus("n1"), vec![0, 2]);
+        assert_eq!(t.next_expiry(), Some(50));
+        assert_eq!(t.expired(70), vec![b, c]);
+        t.renew("n1", 60, 100);
+        assert_eq!(t.expired(100), vec![b]);
+        assert_eq!(t.next_expiry(), Some(50));
+        t.release(b);
+        assert_eq!(on(&t, "n2"), Vec::<u64>::new());
+        assert_eq!(t.next_expiry(), Some(160));
+        assert_eq!(t.expired(160), vec![a, c]);
+        let restored = LeaseTable::restore(t.all().cloned().collect(), 0, 0);
+        assert_eq!(on(&restored, "n1"), vec![a, c]);
+        assert_eq!(restored.next_expiry(), Some(160));
     }
 }

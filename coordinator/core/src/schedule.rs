@@ -6,17 +6,96 @@
 //! (packing, so that whole nodes stay free for big jobs). When the head of the queue does not
 //! fit, the nodes it would use next are reserved for it and later jobs backfill the rest.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::core::Core;
 use crate::node::Node;
 
+/// The free GPUs of every reachable lent node, by name, kept up to date while one round of
+/// placement grants leases, so that each job costs a pass over these nodes and nothing more.
+struct Capacity {
+    free: BTreeMap<String, Vec<u32>>,
+}
+
+impl Capacity {
+    /// Unreserved nodes with at least one free GPU.
+    fn any_free(&self, reserved: &BTreeSet<String>) -> bool {
+        self.free
+            .iter()
+            .any(|(name, free)| !free.is_empty() && !reserved.contains(name))
+    }
+
+    /// `count` distinct unreserved nodes with `gpus` free GPUs each (fewest free first).
+    fn find_placement(
+        &self,
+        gpus: usize,
+        count: usize,
+        reserved: &BTreeSet<String>,
+    ) -> Option<Vec<(String, Vec<u32>)>> {
+        let mut fits: Vec<(usize, &String, &Vec<u32>)> = self
+            .free
+            .iter()
+            .filter(|(name, free)| free.len() >= gpus && !reserved.contains(*name))
+            .map(|(name, free)| (free.len(), name, free))
+            .collect();
+        if fits.len() < count {
+            return None;
+        }
+        fits.sort();
+        Some(
+            fits.into_iter()
+                .take(count)
+                .map(|(_, name, free)| (name.clone(), free.iter().copied().take(gpus).collect()))
+                .collect(),
+        )
+    }
+
+    /// Keeps the nodes with the most free GPUs for a job that does not fit yet.
+    fn reserve(&self, nodes: usize, reserved: &mut BTreeSet<String>) {
+        let mut lent: Vec<(&String, usize)> = self
+            .free
+            .iter()
+            .filter(|(name, _)| !reserved.contains(*name))
+            .map(|(name, free)| (name, free.len()))
+            .collect();
+        lent.sort_by_key(|(_, free)| std::cmp::Reverse(*free));
+        let keep: Vec<String> = lent
+            .into_iter()
+            .take(nodes)
+            .map(|(n, _)| n.clone())
+            .collect();
+        reserved.extend(keep);
+    }
+
+    fn take(&mut self, placements: &[(String, Vec<u32>)]) {
+        for (node, gpus) in placements {
+            if let Some(free) = self.free.get_mut(node) {
+                free.retain(|g| !gpus.contains(g));
+            }
+        }
+    }
+}
+
 impl Core {
     pub(crate) fn place_queued(&mut self, now: UnixMillis) {
+        let mut capacity = Capacity {
+            free: self
+                .lent_nodes(now)
+                .into_iter()
+                .map(|n| (n.name.clone(), self.free_gpus(n)))
+                .collect(),
+        };
         let mut reserved: BTreeSet<String> = BTreeSet::new();
+        // Every job asks for at least one GPU: with none free, the queue need not be ordered.
+        if !capacity.any_free(&reserved) {
+            return;
+        }
         for job in self.queue(now) {
+            if !capacity.any_free(&reserved) {
+                break;
+            }
             let Some((gpus, nodes)) = self
                 .jobs
                 .get(&job)
@@ -24,25 +103,22 @@ impl Core {
             else {
                 continue;
             };
-            match self.find_placement(now, gpus, nodes, &reserved) {
-                Some(placements) => self.grant(now, job, placements),
-                None => {
-                    // Keep the nodes with the most free GPUs for this job; others may backfill.
-                    let mut lent = self.lent_nodes(now, &reserved);
-                    lent.sort_by_key(|n| std::cmp::Reverse(self.free_gpus(n).len()));
-                    reserved.extend(lent.into_iter().take(nodes).map(|n| n.name.clone()));
+            match capacity.find_placement(gpus, nodes, &reserved) {
+                Some(placements) => {
+                    capacity.take(&placements);
+                    self.grant(now, job, placements);
                 }
+                // Keep the nodes with the most free GPUs for this job; others may backfill.
+                None => capacity.reserve(nodes, &mut reserved),
             }
         }
     }
 
-    fn lent_nodes(&self, now: UnixMillis, reserved: &BTreeSet<String>) -> Vec<&Node> {
+    fn lent_nodes(&self, now: UnixMillis) -> Vec<&Node> {
         let ttl = self.config.lease_ttl_ms;
         self.nodes
             .values()
-            .filter(|n| {
-                n.mode == NodeMode::Lend && n.reachable(now, ttl) && !reserved.contains(&n.name)
-            })
+            .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
             .collect()
     }
 
@@ -57,34 +133,6 @@ impl Core {
             .map(|g| g.index)
             .filter(|i| !held.contains(i) && !occupied.contains(i) && !unhealthy.contains(i))
             .collect()
-    }
-
-    /// `count` distinct lent nodes with `gpus` free GPUs each (fewest free first), and which.
-    fn find_placement(
-        &self,
-        now: UnixMillis,
-        gpus: usize,
-        count: usize,
-        reserved: &BTreeSet<String>,
-    ) -> Option<Vec<(String, Vec<u32>)>> {
-        let mut fits: Vec<(usize, String, Vec<u32>)> = self
-            .lent_nodes(now, reserved)
-            .into_iter()
-            .filter_map(|n| {
-                let free = self.free_gpus(n);
-                (free.len() >= gpus).then(|| (free.len(), n.name.clone(), free))
-            })
-            .collect();
-        if fits.len() < count {
-            return None;
-        }
-        fits.sort();
-        Some(
-            fits.into_iter()
-                .take(count)
-                .map(|(_, name, free)| (name, free.into_iter().take(gpus).collect()))
-                .collect(),
-        )
     }
 
     /// A lent node without any lease, when no queued job can use it, goes back to serving.

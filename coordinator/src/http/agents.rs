@@ -1,5 +1,9 @@
 //! `/v1/agents`: the agent protocol. Register, heartbeat (answered with the desired state),
 //! and a long-poll that returns as soon as the node's desired state moves past a version.
+//!
+//! A heartbeat's own consequences (job states, released leases) are in its answer; the
+//! decisions it makes possible (new placements, a reclaim) follow within
+//! [`crate::cluster::DECISION_INTERVAL_MS`] (longer when deciding is slow) and reach the agent through the long-poll.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,21 +33,23 @@ pub async fn register(
             Some("node"),
         ));
     }
-    let reply = cluster.apply(|core, now| {
-        core.register_at(
-            now,
-            &req.node,
-            &req.service,
-            req.gpus.clone(),
-            req.address.clone(),
-        )?;
-        let cfg = core.config();
-        Ok(RegisterReply {
-            node: req.node.clone(),
-            heartbeat_interval_ms: cfg.heartbeat_interval_ms,
-            lease_ttl_ms: cfg.lease_ttl_ms,
+    let reply = cluster
+        .apply_async(|core, now| {
+            core.register_at(
+                now,
+                &req.node,
+                &req.service,
+                req.gpus.clone(),
+                req.address.clone(),
+            )?;
+            let cfg = core.config();
+            Ok(RegisterReply {
+                node: req.node.clone(),
+                heartbeat_interval_ms: cfg.heartbeat_interval_ms,
+                lease_ttl_ms: cfg.lease_ttl_ms,
+            })
         })
-    })?;
+        .await?;
     if let Some(url) = &req.agent_url {
         cluster.note_agent_url(&req.node, url);
     }
@@ -61,17 +67,20 @@ pub async fn heartbeat(
         cluster.note_agent_url(&node, url);
     }
     record_images(&cluster, &node, &beat);
-    let (desired, phases) = cluster.apply(|core, now| {
-        core.heartbeat(now, &node, beat)?;
-        let desired = core
-            .desired(&node)
-            .expect("a node that just heartbeat exists");
-        let phases: Vec<_> = core
-            .node(&node)
-            .map(|n| n.phases.iter().cloned().collect())
-            .unwrap_or_default();
-        Ok((desired, phases))
-    })?;
+    let (desired, phases) = cluster
+        .apply_async(|core, now| {
+            core.observe(now, &node, beat)?;
+            cluster.decide_if_due(core, now);
+            let desired = core
+                .desired(&node)
+                .expect("a node that just heartbeat exists");
+            let phases: Vec<_> = core
+                .node(&node)
+                .map(|n| n.phases.iter().cloned().collect())
+                .unwrap_or_default();
+            Ok((desired, phases))
+        })
+        .await?;
     cluster.metrics.observe_phases(&node, &phases);
     Ok(Json(desired))
 }

@@ -8,7 +8,8 @@
 //! replicas idle, so the coordinator lends their nodes and places jobs on them; an agent
 //! reports each job it is given as running, then as finished at its next heartbeat, so
 //! placements keep flowing. Reports heartbeats per second, their p50/p99 latency, errors,
-//! placements per second, and the coordinator's CPU (from /proc) and peak RSS (VmHWM).
+//! placements per second, and the coordinator's CPU (from /proc) and peak RSS (VmHWM), with
+//! the load generator's own CPU and the machine's load average, since both share the cores.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -127,6 +128,10 @@ struct CoordinatorReport {
     placements_per_s: f64,
     coordinator_cpu_cores: f64,
     coordinator_peak_rss_mib: f64,
+    /// This process's own CPU (the simulated agents), on the same cores.
+    load_generator_cpu_cores: f64,
+    /// The machine's load average at the end of the run.
+    load_average_1m: f64,
 }
 
 fn main() -> ExitCode {
@@ -200,7 +205,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 println!(
                     "agents {}  duration {:.1}s  queue {} jobs (submitted at {:.0}/s)\n\
                      heartbeats {:.0}/s of {:.0}/s offered  p50 {:.2} ms  p99 {:.2} ms  max {:.1} ms  errors {}\n\
-                     placements {} ({:.1}/s)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB",
+                     placements {} ({:.1}/s)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
+                     load generator cpu {:.2} cores  load average {:.1}",
                     report.agents,
                     report.duration_s,
                     report.jobs_queued,
@@ -214,7 +220,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     report.placements,
                     report.placements_per_s,
                     report.coordinator_cpu_cores,
-                    report.coordinator_peak_rss_mib
+                    report.coordinator_peak_rss_mib,
+                    report.load_generator_cpu_cores,
+                    report.load_average_1m
                 );
             }
             Ok(())
@@ -324,6 +332,25 @@ async fn start_coordinator(data_dir: Option<std::path::PathBuf>) -> anyhow::Resu
     bail!("the coordinator did not answer /healthz within 10 s")
 }
 
+fn register_request(i: u32) -> RegisterRequest {
+    RegisterRequest {
+        node: format!("bench-{i:05}"),
+        gpus: (0..4)
+            .map(|g| GpuInfo {
+                index: g,
+                uuid: format!("GPU-bench-{i}-{g}"),
+                name: "bench".into(),
+                memory_total_bytes: 80 << 30,
+            })
+            .collect(),
+        service: "llm".into(),
+        address: None,
+        agent_url: None,
+        readiness_url: None,
+        agent_version: "bench".into(),
+    }
+}
+
 fn spec(i: u32) -> JobSpec {
     JobSpec::new(format!("bench-{i}"), "registry.invalid/bench:1", 1)
 }
@@ -352,8 +379,10 @@ async fn coordinator(
     data_dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<CoordinatorReport> {
     let c = start_coordinator(data_dir).await?;
+    // One kept-alive HTTP/1.1 connection per agent, as a real agent holds.
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(4_096)
+        .pool_max_idle_per_host(agents as usize + 64)
+        .http1_only()
         .timeout(Duration::from_secs(10))
         .build()?;
 
@@ -385,31 +414,30 @@ async fn coordinator(
     }
     let submit_per_s = f64::from(jobs) / started.elapsed().as_secs_f64();
 
-    for i in 0..agents {
-        let req = RegisterRequest {
-            node: format!("bench-{i:05}"),
-            gpus: (0..4)
-                .map(|g| GpuInfo {
-                    index: g,
-                    uuid: format!("GPU-bench-{i}-{g}"),
-                    name: "bench".into(),
-                    memory_total_bytes: 80 << 30,
-                })
-                .collect(),
-            service: "llm".into(),
-            address: None,
-            agent_url: None,
-            readiness_url: None,
-            agent_version: "bench".into(),
-        };
-        let r = http
-            .post(format!("{}/v1/agents/register", c.url))
-            .json(&req)
-            .send()
-            .await?;
-        if !r.status().is_success() {
-            bail!("register: {}", r.status());
-        }
+    // Registrations, 64 in flight.
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (http, url, next) = (http.clone(), c.url.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= u64::from(agents) {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let r = http
+                    .post(format!("{url}/v1/agents/register"))
+                    .json(&register_request(i as u32))
+                    .send()
+                    .await?;
+                if !r.status().is_success() {
+                    bail!("register: {}", r.status());
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
     }
 
     let shared = Arc::new(Shared {
@@ -418,6 +446,7 @@ async fn coordinator(
         placements: Mutex::new(BTreeSet::new()),
     });
     let cpu_before = c.cpu_s()?;
+    let own_before = ProcStat::read(std::process::id())?;
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(duration);
     let period = Duration::from_secs_f64(interval);
@@ -469,6 +498,11 @@ async fn coordinator(
     }
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu = c.cpu_s()? - cpu_before;
+    let own_cpu = ProcStat::read(std::process::id())?.cpu_s - own_before.cpu_s;
+    let load_average_1m = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN);
     let mut lat = std::mem::take(&mut *shared.latencies_us.lock().await);
     lat.sort_unstable();
     let pct = |p: f64| -> f64 {
@@ -495,6 +529,8 @@ async fn coordinator(
         placements_per_s: placements as f64 / elapsed,
         coordinator_cpu_cores: cpu / elapsed,
         coordinator_peak_rss_mib: c.peak_rss_mib()?,
+        load_generator_cpu_cores: own_cpu / elapsed,
+        load_average_1m,
     })
 }
 

@@ -1,0 +1,27 @@
+//! Heartbeats observed without a decision, as the coordinator's shell batches them: a report
+//! that changes nothing the decisions read leaves nothing to decide, one that does waits for
+//! the next tick.
+
+mod sim;
+
+use sim::{Cluster, config};
+
+#[test]
+fn an_unchanged_report_leaves_nothing_to_decide_and_a_changed_one_waits_for_the_tick() {
+    let mut c = Cluster::new(config(1), &[("a", 4), ("b", 4)]);
+    c.load("a", 0.0, 2.0);
+    c.load("b", 0.0, 2.0);
+    c.run(5);
+
+    let beat = c.agent("a").heartbeat();
+    c.core.observe(c.now, "a", beat).unwrap();
+    assert!(!c.core.decision_pending(), "nothing new in the report");
+
+    c.load("a", 9.0, 2.0);
+    let beat = c.agent("a").heartbeat();
+    c.core.observe(c.now, "a", beat).unwrap();
+    assert!(c.core.decision_pending(), "the waiting requests changed");
+    c.core.tick(c.now);
+    assert!(!c.core.decision_pending());
+    assert_eq!(c.core.decided_at(), Some(c.now));
+}
