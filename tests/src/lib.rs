@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use nightshift_agent::agent::AgentHandle;
 use nightshift_agent::config::AgentConfig;
 use nightshift_agent::engine::docker::DockerEngine;
+use nightshift_agent::gpus::Gpus;
 use nightshift_agent::gpus::fake::FakeGpus;
 use nightshift_agent::reconcile::Reconciler;
 use nightshift_agent::serving::http::HttpServing;
@@ -240,6 +241,50 @@ impl TestCoordinator {
 impl Drop for TestCoordinator {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The setup most Docker tests share: a coordinator in-process and one agent on fake GPUs.
+/// Dropped, it stops serving and removes the node's containers (after its work directory).
+pub struct OneNode {
+    pub node: String,
+    pub coordinator: TestCoordinator,
+    pub client: nightshift_coordinator::client::Client,
+    pub agent: AgentHandle,
+    pub dir: tempfile::TempDir,
+    _cleanup: Cleanup,
+}
+
+impl OneNode {
+    /// A node named after `prefix` with `gpus` fake GPUs.
+    pub async fn start(prefix: &str, gpus: u32) -> Self {
+        let node = unique_node(prefix);
+        let fake = Arc::new(FakeGpus::new(&node, gpus));
+        Self::with_gpus(node, fake).await
+    }
+
+    /// Node `node` (from [`unique_node`]) on fake GPUs the test keeps a handle to.
+    pub async fn with_gpus(node: String, gpus: Arc<FakeGpus>) -> Self {
+        let cleanup = Cleanup(node.clone());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let coordinator =
+            TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
+        let client = coordinator.client();
+        let count = gpus.inventory().map_or(0, |g| g.len() as u32);
+        let cfg = agent_config(&coordinator.url, &node, &dir.path().join("work"), count);
+        let (agent, _) = start_agent_with(cfg, gpus).await;
+        Self {
+            node,
+            coordinator,
+            client,
+            agent,
+            dir,
+            _cleanup: cleanup,
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.coordinator.url
     }
 }
 

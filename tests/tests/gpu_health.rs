@@ -28,18 +28,14 @@ async fn a_gpu_with_a_critical_xid_is_never_leased_and_the_node_says_why() {
     init_tracing();
     require_images();
     let node = unique_node("xid");
-    let _cleanup = Cleanup(node.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
-    let client = coordinator.client();
     let gpus = Arc::new(FakeGpus::new(&node, 4));
     gpus.inject_xid(1, 79).unwrap();
     gpus.inject_xid(2, 13).unwrap(); // an application XID: GPU 2 stays healthy
-    let cfg = agent_config(&coordinator.url, &node, &dir.path().join("work"), 4);
-    let (agent, _) = start_agent_with(cfg, Arc::clone(&gpus)).await;
+    let one = OneNode::with_gpus(node.clone(), Arc::clone(&gpus)).await;
+    let (client, _coordinator) = (&one.client, &one.coordinator);
 
     let view = wait_for("the node to report its gpus", STARTUP, || async {
-        node_view(&client, &node)
+        node_view(client, &node)
             .await
             .filter(|n| n.gpus.iter().all(|g| g.healthy.is_some()))
     })
@@ -88,5 +84,4 @@ async fn a_gpu_with_a_critical_xid_is_never_leased_and_the_node_says_why() {
             .is_some_and(|e| e.iter().any(|v| v == "NVIDIA_VISIBLE_DEVICES=0,2,3")),
         "the container is given exactly the healthy GPUs: {env}"
     );
-    agent.stop();
 }

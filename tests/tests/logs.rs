@@ -14,16 +14,8 @@ const STARTUP: Duration = Duration::from_secs(60);
 async fn logs_from_the_start_the_tail_and_following() {
     init_tracing();
     require_images();
-    let node = unique_node("logs");
-    let _cleanup = Cleanup(node.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
-    let client = coordinator.client();
-    let (agent, _) = start_agent(
-        agent_config(&coordinator.url, &node, &dir.path().join("work"), 4),
-        4,
-    )
-    .await;
+    let one = OneNode::start("logs", 4).await;
+    let (client, coordinator) = (&one.client, &one.coordinator);
     let job = client
         .submit(&trainer_job("chatty", 4, 1_000_000, 20, 100))
         .await
@@ -76,7 +68,7 @@ async fn logs_from_the_start_the_tail_and_following() {
     })
     .await;
     wait_for("its container to be removed", STARTUP, || async {
-        containers(&node, "job").is_empty().then_some(())
+        containers(&one.node, "job").is_empty().then_some(())
     })
     .await;
     let (code, kept, err) = nightshift(&coordinator.url, &["logs", &id]).await;
@@ -91,5 +83,4 @@ async fn logs_from_the_start_the_tail_and_following() {
     let (code, _, err) = nightshift(&coordinator.url, &["logs", "999"]).await;
     assert_eq!(code, 1);
     assert!(err.contains("job 999 not found"), "{err}");
-    agent.stop();
 }

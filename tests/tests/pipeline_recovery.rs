@@ -141,19 +141,11 @@ async fn a_coordinator_killed_mid_dag_finishes_the_run_with_no_step_run_twice() 
 async fn a_preempted_step_resumes_without_using_its_retries() {
     init_tracing();
     require_images();
-    let node = unique_node("pipepreempt");
-    let _cleanup = Cleanup(node.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
-    let client = coordinator.client();
-    let (_agent, _) = start_agent(
-        agent_config(&coordinator.url, &node, &dir.path().join("work"), 4),
-        4,
-    )
-    .await;
-    let run = submit(&client, "long-step.yaml", LONG_STEP).await.id;
+    let one = OneNode::start("pipepreempt", 4).await;
+    let (client, coordinator) = (&one.client, &one.coordinator);
+    let run = submit(client, "long-step.yaml", LONG_STEP).await.id;
     wait_for("the step to run", STARTUP, || async {
-        (phase_of(&client, run, "long-step").await.as_deref() == Some("Running")
+        (phase_of(client, run, "long-step").await.as_deref() == Some("Running")
             && client.jobs().await.ok()?.jobs.first()?.state == JobState::Running)
             .then_some(())
     })
@@ -172,12 +164,12 @@ async fn a_preempted_step_resumes_without_using_its_retries() {
     })
     .await;
     assert_eq!(
-        phase_of(&client, run, "long-step").await.as_deref(),
+        phase_of(client, run, "long-step").await.as_deref(),
         Some("Running"),
         "a preemption is not a failure"
     );
 
-    let view = finished(&client, run).await;
+    let view = finished(client, run).await;
     assert_eq!(
         view.phase,
         "Succeeded",

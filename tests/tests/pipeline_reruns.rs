@@ -200,17 +200,9 @@ async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
 async fn logs_of_a_step_by_name_and_try() {
     init_tracing();
     require_images();
-    let node = unique_node("steplogs");
-    let _cleanup = Cleanup(node.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
-    let client = coordinator.client();
-    let (_agent, _) = start_agent(
-        agent_config(&coordinator.url, &node, &dir.path().join("work"), 2),
-        2,
-    )
-    .await;
-    let run = submit(&client, TALKER).await.id;
+    let one = OneNode::start("steplogs", 2).await;
+    let (client, coordinator) = (&one.client, &one.coordinator);
+    let run = submit(client, TALKER).await.id;
     let id = run.to_string();
     // The second try runs (and waits) once the first failed.
     let jobs = wait_for("the second try to run", STARTUP, || async {

@@ -150,20 +150,12 @@ fn check_steps(file: &str, view: &PipelineRunView) {
 async fn argo_examples_run_unmodified_to_their_expected_end() {
     init_tracing();
     require_images();
-    let node = unique_node("argo");
-    let _cleanup = Cleanup(node.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
-    let client = coordinator.client();
-    let (_agent, _) = start_agent(
-        agent_config(&coordinator.url, &node, &dir.path().join("work"), 4),
-        4,
-    )
-    .await;
+    let one = OneNode::start("argo", 4).await;
+    let client = &one.client;
     let started = std::time::Instant::now();
     let mut runs = Vec::new();
     for (file, expected) in RUNS {
-        runs.push((submit(&client, file).await.id, *file, *expected));
+        runs.push((submit(client, file).await.id, *file, *expected));
     }
     let mut report = Vec::new();
     for (id, file, expected) in &runs {

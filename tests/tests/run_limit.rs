@@ -13,16 +13,8 @@ const STARTUP: Duration = Duration::from_secs(60);
 async fn a_job_is_stopped_at_its_run_time_limit_and_not_retried() {
     init_tracing();
     require_images();
-    let node = unique_node("runlimit");
-    let _cleanup = Cleanup(node.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
-    let client = coordinator.client();
-    let (agent, _) = start_agent(
-        agent_config(&coordinator.url, &node, &dir.path().join("work"), 4),
-        4,
-    )
-    .await;
+    let one = OneNode::start("runlimit", 4).await;
+    let (client, coordinator) = (&one.client, &one.coordinator);
     let mut spec = trainer_job("bounded", 4, 1_000_000, 20, 100);
     spec.max_run_seconds = Some(3);
     spec.retry.limit = 2;
@@ -60,5 +52,4 @@ async fn a_job_is_stopped_at_its_run_time_limit_and_not_retried() {
     let (code, out, err) = nightshift(&coordinator.url, &["logs", &job.id.to_string()]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("received SIGTERM"), "{out}");
-    agent.stop();
 }
