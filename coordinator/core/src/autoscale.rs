@@ -407,7 +407,7 @@ impl Core {
             return Vec::new();
         }
         let ttl = self.config.lease_ttl_ms;
-        let healthy = |n: &Node| n.gpus.len() - n.unhealthy_gpus().len();
+        let healthy = |n: &Node| n.gpus.len().saturating_sub(n.unhealthy_gpus().len());
         let mut candidates: Vec<&Node> = self
             .nodes
             .values()

@@ -111,8 +111,8 @@ pub struct Core {
     effects: BTreeSet<Effect>,
     /// How many effects have been recorded, ever: whether a step changed anything.
     changes: u64,
-    /// When [`Core::decide`] last ran and changed nothing (a fixed point for its inputs).
-    settled_at: Option<UnixMillis>,
+    /// Whether the last [`Core::decide`] changed nothing (a fixed point for its inputs).
+    settled: bool,
     /// When [`Core::decide`] last ran.
     decided_at: Option<UnixMillis>,
     /// An observation arrived that a decision has not followed yet ([`Core::observe`]).
@@ -184,7 +184,7 @@ impl Core {
             services,
             effects: BTreeSet::new(),
             changes: 0,
-            settled_at: None,
+            settled: false,
             decided_at: None,
             pending: false,
         }
@@ -384,9 +384,10 @@ impl Core {
             }
         }
         let quiet = !observed_change && self.changes == changes_before;
-        let settled = self
-            .settled_at
-            .is_some_and(|t| now < t + self.config.heartbeat_interval_ms);
+        let settled = self.settled
+            && self
+                .decided_at
+                .is_some_and(|t| now < t + self.config.heartbeat_interval_ms);
         if !(quiet && settled) {
             self.pending = true;
         }
@@ -576,7 +577,7 @@ impl Core {
         }
         self.place_queued(now);
         self.return_idle_nodes(now);
-        self.settled_at = (self.changes == changes_before).then_some(now);
+        self.settled = self.changes == changes_before;
         self.decided_at = Some(now);
         self.pending = false;
     }
