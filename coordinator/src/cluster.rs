@@ -95,6 +95,9 @@ pub struct Cluster {
     /// Each agent's base URL, as it last said (register, heartbeats): an address book of the
     /// shell, not a decision, so the core does not hold it.
     agent_urls: Mutex<HashMap<String, String>>,
+    /// The highest attempt of each job whose image ID is in the store: every heartbeat
+    /// repeats it, and only a new attempt's needs the store.
+    images_recorded: Mutex<HashMap<u64, u32>>,
     /// How long the last decision a heartbeat made took, in microseconds.
     decision_us: AtomicU64,
 }
@@ -166,6 +169,7 @@ impl Cluster {
             metrics: crate::metrics::Metrics::default(),
             versions: Mutex::new(versions),
             agent_urls: Mutex::new(HashMap::new()),
+            images_recorded: Mutex::new(HashMap::new()),
             decision_us: AtomicU64::new(0),
         })
     }
@@ -188,6 +192,37 @@ impl Cluster {
         lock(&self.inner)
             .pipelines
             .set_policy(std::sync::Arc::new(policy));
+    }
+
+    /// Keeps the image each job attempt's container was created from (its ID), so that the
+    /// attempt's spec is known down to the image and a rerun can run the same one. Attempts
+    /// already recorded cost a map lookup; a record that cannot be saved is logged, not
+    /// fatal: the heartbeat repeats it.
+    pub fn record_images(&self, node: &str, beat: &nightshift_common::Heartbeat) {
+        let runs: Vec<(u64, u32, String)> = {
+            let recorded = lock(&self.images_recorded);
+            beat.jobs
+                .iter()
+                .filter(|r| recorded.get(&r.job_id).is_none_or(|a| *a < r.attempt))
+                .filter_map(|r| Some((r.job_id, r.attempt, r.image_id.clone()?)))
+                .collect()
+        };
+        if runs.is_empty() {
+            return;
+        }
+        match self.read_store(|store, _, now| store.record_images(node, &runs, now)) {
+            Ok(added) => {
+                if added > 0 {
+                    tracing::debug!(node, images = added, "launched images recorded");
+                }
+                let mut recorded = lock(&self.images_recorded);
+                for (job, attempt, _) in runs {
+                    let highest = recorded.entry(job).or_insert(attempt);
+                    *highest = (*highest).max(attempt);
+                }
+            }
+            Err(e) => tracing::warn!(node, error = %e, "recording launched images failed"),
+        }
     }
 
     /// Notes where `node`'s agent answers.

@@ -66,7 +66,7 @@ pub async fn heartbeat(
     if let Some(url) = &beat.agent_url {
         cluster.note_agent_url(&node, url);
     }
-    record_images(&cluster, &node, &beat);
+    cluster.record_images(&node, &beat);
     let (desired, phases) = cluster
         .apply_async(|core, now| {
             core.observe(now, &node, beat)?;
@@ -83,26 +83,6 @@ pub async fn heartbeat(
         .await?;
     cluster.metrics.observe_phases(&node, &phases);
     Ok(Json(desired))
-}
-
-/// Keeps the image each job attempt's container was created from (its ID), so that the
-/// attempt's spec is known down to the image and a rerun can run the same one. A record that
-/// cannot be saved is logged, not fatal: the heartbeat repeats it.
-fn record_images(cluster: &Cluster, node: &str, beat: &Heartbeat) {
-    let runs: Vec<(u64, u32, String)> = beat
-        .jobs
-        .iter()
-        .filter_map(|r| Some((r.job_id, r.attempt, r.image_id.clone()?)))
-        .collect();
-    if runs.is_empty() {
-        return;
-    }
-    let recorded = cluster.read_store(|store, _, now| store.record_images(node, &runs, now));
-    match recorded {
-        Ok(0) => {}
-        Ok(n) => tracing::debug!(node, images = n, "launched images recorded"),
-        Err(e) => tracing::warn!(node, error = %e, "recording launched images failed"),
-    }
 }
 
 #[derive(Debug, Deserialize)]
