@@ -19,7 +19,7 @@ use nightshift_core::{Core, CoreError};
 use nightshift_pipeline::run::NodeId;
 use nightshift_pipeline::{Action, Input, Outcome, Run, StepResult, StepSpec};
 
-use crate::policy::{PolicyConfig, owner_gpus};
+use crate::policy::PolicyConfig;
 
 /// What changed in the pipelines, to be written with the core's changes.
 #[derive(Debug, Default)]
@@ -283,14 +283,10 @@ impl Pipelines {
                             if let Some(id) = pinned(&a.record.pins, &name, &spec.image) {
                                 job.image = id.to_owned();
                             }
-                            let admitted = {
-                                let core = &*core;
-                                let owner = job.owner.clone();
-                                self.policy
-                                    .admit(&mut job, || owner_gpus(core, owner.as_deref()))
-                                    .map_err(|e| e.to_string())
-                            };
-                            let submitted = admitted
+                            let submitted = self
+                                .policy
+                                .admit(&mut job, |owner| core.gpus_asked_by(owner))
+                                .map_err(|e| e.to_string())
                                 .and_then(|()| core.submit(now, job).map_err(|e| e.to_string()));
                             match submitted {
                                 Ok(job) => {

@@ -63,15 +63,6 @@ pub struct TeamPolicy {
     pub max_run_seconds: Option<u64>,
 }
 
-/// GPUs that `owner`'s unfinished jobs ask for (a gang's on every node).
-pub fn owner_gpus(core: &nightshift_core::Core, owner: Option<&str>) -> u32 {
-    core.jobs()
-        .iter()
-        .filter(|j| !j.state.is_finished() && j.spec.owner.as_deref() == owner)
-        .map(|j| j.spec.gpus * j.spec.nodes)
-        .sum()
-}
-
 /// A job that breaks a rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{rule}: {message}")]
@@ -155,17 +146,17 @@ impl PolicyConfig {
     }
 
     /// Admits a job by the rules that hold for everyone ([`Self::check`], then the run-time
-    /// limit, which it fills in when the job names none); `owner_gpus` tells the GPUs its
+    /// limit, which it fills in when the job names none); `owner_gpus` tells the GPUs an
     /// owner's unfinished jobs already ask for, and is asked only under a team limit. The
     /// sandbox is checked apart ([`Self::check_sandbox`]): an admin may waive it.
     pub fn admit(
         &self,
         spec: &mut JobSpec,
-        owner_gpus: impl FnOnce() -> u32,
+        owner_gpus: impl FnOnce(Option<&str>) -> u32,
     ) -> Result<(), PolicyError> {
         let owner = spec.owner.as_deref();
         let owner_gpus = if self.gpu_limits(owner).1 > 0 {
-            owner_gpus()
+            owner_gpus(owner)
         } else {
             0
         };
@@ -429,8 +420,11 @@ mod tests {
             spec.max_run_seconds = asked;
             spec
         };
-        let admitted =
-            |mut spec: JobSpec| policy.admit(&mut spec, || 0).map(|()| spec.max_run_seconds);
+        let admitted = |mut spec: JobSpec| {
+            policy
+                .admit(&mut spec, |_| 0)
+                .map(|()| spec.max_run_seconds)
+        };
         // A job that names no limit runs under the policy's; one that asks less keeps it.
         assert_eq!(admitted(job(None, None)), Ok(Some(3600)));
         assert_eq!(admitted(job(None, Some(600))), Ok(Some(600)));
@@ -457,7 +451,7 @@ mod tests {
         );
         // No policy, no limit.
         let mut spec = job(None, None);
-        assert_eq!(PolicyConfig::default().admit(&mut spec, || 0), Ok(()));
+        assert_eq!(PolicyConfig::default().admit(&mut spec, |_| 0), Ok(()));
         assert_eq!(spec.max_run_seconds, None);
         // The other rules come first.
         let mut spec = job(None, None);
@@ -467,7 +461,7 @@ mod tests {
             ..policy.clone()
         };
         assert_eq!(
-            strict.admit(&mut spec, || 0).unwrap_err().rule,
+            strict.admit(&mut spec, |_| 0).unwrap_err().rule,
             "policy.max_gpus_per_job"
         );
         assert_eq!(spec.max_run_seconds, None, "a refused job is not changed");

@@ -816,6 +816,15 @@ impl Core {
         self.jobs.get(&id).map(|j| self.job_view(j))
     }
 
+    /// GPUs that `owner`'s unfinished jobs ask for (a gang's on every node).
+    pub fn gpus_asked_by(&self, owner: Option<&str>) -> u32 {
+        self.jobs
+            .values()
+            .filter(|j| !j.state.is_finished() && j.spec.owner.as_deref() == owner)
+            .map(|j| j.spec.gpus * j.spec.nodes)
+            .sum()
+    }
+
     /// Every job, oldest first.
     pub fn jobs(&self) -> Vec<JobView> {
         self.jobs.values().map(|j| self.job_view(j)).collect()

@@ -375,3 +375,26 @@ fn an_unhealthy_gpu_is_never_leased_and_the_node_view_says_why() {
     assert_eq!(placement(&c), "1:running@b 2:running@a 3:running@a");
     assert_eq!(c.core.job(3).unwrap().leases[0].gpus, [1, 3]);
 }
+
+#[test]
+fn gpus_asked_by_counts_an_owners_unfinished_jobs_on_every_node() {
+    let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
+    let owned = |name: &str, gpus: u32, nodes: u32, owner: &str| {
+        let mut s = spec(name, gpus);
+        s.nodes = nodes;
+        s.owner = Some(owner.into());
+        s
+    };
+    c.core.submit(c.now, owned("gang", 2, 2, "nlp")).unwrap();
+    let single = c.core.submit(c.now, owned("one", 3, 1, "nlp")).unwrap();
+    c.core.submit(c.now, owned("other", 1, 1, "cv")).unwrap();
+    assert_eq!(c.core.gpus_asked_by(Some("nlp")), 7);
+    assert_eq!(c.core.gpus_asked_by(Some("cv")), 1);
+    assert_eq!(c.core.gpus_asked_by(None), 0);
+    c.core.cancel(c.now, single).unwrap();
+    assert_eq!(
+        c.core.gpus_asked_by(Some("nlp")),
+        4,
+        "a finished job asks for nothing"
+    );
+}

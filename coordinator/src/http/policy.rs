@@ -16,7 +16,7 @@ use nightshift_common::JobSpec;
 use super::{HttpError, MAX_BODY};
 use crate::auth::{Principal, Role};
 use crate::cluster::Cluster;
-use crate::policy::{PolicyConfig, check_escapes, owner_gpus};
+use crate::policy::{PolicyConfig, check_escapes};
 
 #[derive(Clone)]
 pub struct PolicyState {
@@ -52,8 +52,7 @@ pub async fn check(State(s): State<PolicyState>, req: Request, next: Next) -> Re
     let mut bytes = bytes;
     // A body that is not a job goes on, for the handler to refuse with serde's message.
     if let Ok(mut spec) = serde_json::from_slice::<JobSpec>(&bytes) {
-        let owner = spec.owner.clone();
-        let owner_gpus = || s.cluster.read(|core, _| owner_gpus(core, owner.as_deref()));
+        let owner_gpus = |owner: Option<&str>| s.cluster.read(|core, _| core.gpus_asked_by(owner));
         // Images, GPU and run-time limits hold for everyone; only the sandbox may be waived.
         let asked = spec.max_run_seconds;
         if let Err(e) = s.policy.admit(&mut spec, owner_gpus) {
