@@ -332,6 +332,38 @@ async fn start_coordinator(data_dir: Option<std::path::PathBuf>) -> anyhow::Resu
     bail!("the coordinator did not answer /healthz within 10 s")
 }
 
+/// POSTs `body(i)` to `url` for every `i` below `count`, `in_flight` at a time; fails on the
+/// first answer that is not a success.
+async fn post_each<T: Serialize + Send + 'static>(
+    http: &reqwest::Client,
+    url: &str,
+    count: u32,
+    in_flight: usize,
+    body: fn(u32) -> T,
+) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..in_flight {
+        let (http, url, next) = (http.clone(), url.to_owned(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= u64::from(count) {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let r = http.post(&url).json(&body(i as u32)).send().await?;
+                if !r.status().is_success() {
+                    bail!("POST {url}: {}", r.status());
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
 fn register_request(i: u32) -> RegisterRequest {
     RegisterRequest {
         node: format!("bench-{i:05}"),
@@ -388,57 +420,12 @@ async fn coordinator(
 
     // The queue, submitted with 32 requests in flight.
     let started = Instant::now();
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let (http, url, next) = (http.clone(), c.url.clone(), next.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= u64::from(jobs) {
-                    return Ok::<_, anyhow::Error>(());
-                }
-                let r = http
-                    .post(format!("{url}/v1/jobs"))
-                    .json(&spec(i as u32))
-                    .send()
-                    .await?;
-                if !r.status().is_success() {
-                    bail!("submit: {}", r.status());
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
+    post_each(&http, &format!("{}/v1/jobs", c.url), jobs, 32, spec).await?;
     let submit_per_s = f64::from(jobs) / started.elapsed().as_secs_f64();
 
     // Registrations, 64 in flight.
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let (http, url, next) = (http.clone(), c.url.clone(), next.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= u64::from(agents) {
-                    return Ok::<_, anyhow::Error>(());
-                }
-                let r = http
-                    .post(format!("{url}/v1/agents/register"))
-                    .json(&register_request(i as u32))
-                    .send()
-                    .await?;
-                if !r.status().is_success() {
-                    bail!("register: {}", r.status());
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
+    let register = format!("{}/v1/agents/register", c.url);
+    post_each(&http, &register, agents, 64, register_request).await?;
 
     let shared = Arc::new(Shared {
         latencies_us: Mutex::new(Vec::new()),
