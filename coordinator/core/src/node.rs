@@ -83,6 +83,23 @@ impl Node {
         gpus
     }
 
+    /// Whether a job container the agent reports still occupies GPU `index`.
+    pub fn occupies(&self, index: u32) -> bool {
+        self.runs.iter().any(|r| {
+            !matches!(
+                r.state,
+                JobRunState::Exited { .. } | JobRunState::FailedToStart { .. }
+            ) && r.gpus.contains(&index)
+        })
+    }
+
+    /// Whether the agent's last heartbeat reported GPU `index` unhealthy.
+    pub fn reports_unhealthy(&self, index: u32) -> bool {
+        self.gpu_status
+            .iter()
+            .any(|s| s.index == index && !s.healthy)
+    }
+
     /// GPUs the agent's last heartbeat reported unhealthy: never leased.
     pub fn unhealthy_gpus(&self) -> Vec<u32> {
         self.gpu_status

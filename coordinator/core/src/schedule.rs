@@ -80,11 +80,17 @@ impl Capacity {
 
 impl Core {
     pub(crate) fn place_queued(&mut self, now: UnixMillis) {
+        // A node with nothing free can take no job this round, nor does reserving it change
+        // what others get: only nodes with a free GPU enter (usually none, once lent nodes
+        // are busy), so a decision with nothing to place allocates nothing per node.
         let mut capacity = Capacity {
             free: self
                 .lent_nodes(now)
                 .into_iter()
-                .map(|n| (n.name.clone(), self.free_gpus(n)))
+                .filter_map(|n| {
+                    let free = self.free_gpus(n);
+                    (!free.is_empty()).then(|| (n.name.clone(), free))
+                })
                 .collect(),
         };
         let mut reserved: BTreeSet<String> = BTreeSet::new();
@@ -126,12 +132,10 @@ impl Core {
     /// report unhealthy.
     pub(crate) fn free_gpus(&self, n: &Node) -> Vec<u32> {
         let held = self.leases.held_gpus(&n.name);
-        let occupied = n.occupied_gpus();
-        let unhealthy = n.unhealthy_gpus();
         n.gpus
             .iter()
             .map(|g| g.index)
-            .filter(|i| !held.contains(i) && !occupied.contains(i) && !unhealthy.contains(i))
+            .filter(|&i| !held.contains(&i) && !n.occupies(i) && !n.reports_unhealthy(i))
             .collect()
     }
 
