@@ -10,6 +10,7 @@
 //! drawn request by request. Request traces (Azure, Mooncake) are thinned (or replicated) by
 //! the scale factor; a rate CSV gives Poisson arrivals. A trace shorter than the run repeats.
 
+use crate::par;
 use crate::rng::{Rng, gamma_fn};
 use crate::trace::{Interarrival, Trace, TraceData};
 
@@ -22,19 +23,27 @@ pub fn per_second(trace: &Trace, scale: f64, horizon_s: u64, seed: u64) -> Vec<u
     let span = trace.span_s.max(1);
     match &trace.data {
         TraceData::Windows { window_s, clients } => {
-            for (c, windows) in clients.iter().enumerate() {
+            let client = |counts: &mut Vec<u32>, c: usize| {
                 let mut rng = Rng::stream(seed, 1_000 + c as u64);
                 let mut offset = 0;
                 while offset < horizon_s {
-                    for w in windows {
+                    for w in &clients[c] {
                         let start = offset + w.start_s;
                         if start >= horizon_s {
                             break;
                         }
                         let end = (start + window_s).min(horizon_s);
-                        window(&mut counts, &mut rng, start, end, w.rate * scale, w.law);
+                        window(counts, &mut rng, start, end, w.rate * scale, w.law);
                     }
                     offset += span;
+                }
+            };
+            // Each client draws from its own stream and a sum does not depend on its order,
+            // so the total is the same on any number of cores.
+            let parts = par::fold(clients.len(), || vec![0u32; horizon_s as usize], client);
+            for part in parts {
+                for (total, n) in counts.iter_mut().zip(part) {
+                    *total += n;
                 }
             }
         }

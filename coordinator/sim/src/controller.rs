@@ -102,8 +102,11 @@ impl Controller for CoreController {
         r.map_err(|e| e.to_string())
     }
 
+    /// Like the coordinator's shell, which decides once for all the reports that arrived
+    /// meanwhile: the report is observed now and the decision made at the second's tick,
+    /// before any agent can act on it.
     fn heartbeat(&mut self, now: UnixMillis, node: &str, beat: Heartbeat) -> Result<(), String> {
-        let r = self.core.heartbeat(now, node, beat);
+        let r = self.core.observe(now, node, beat);
         self.note_effects();
         r.map_err(|e| e.to_string())
     }
@@ -120,7 +123,7 @@ impl Controller for CoreController {
     }
 
     fn tick(&mut self, now: UnixMillis) {
-        if self.core.next_deadline().is_some_and(|d| d <= now) {
+        if self.core.decision_pending() || self.core.next_deadline().is_some_and(|d| d <= now) {
             self.core.tick(now);
             self.note_effects();
         }
