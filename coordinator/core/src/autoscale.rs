@@ -13,7 +13,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
 
-use nightshift_common::{JobState, NodeMode, UnixMillis};
+use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::config::ServicePolicy;
 use crate::core::Core;
@@ -476,28 +476,27 @@ impl Core {
     /// Queued jobs that may run now, in the order they run: higher priority first; within a
     /// priority, the team furthest below its weighted fair share of GPUs first (counting what
     /// it runs and what it would get ahead in the queue); then first submitted.
+    ///
+    /// The job index keeps the queued jobs in priority and age order, so one team (the
+    /// common case, where fair share has nothing to balance) costs a walk of the queue and
+    /// nothing else; teams are balanced over that walk, with their usage counted from the
+    /// lease table (what runs), not from every job ever submitted.
     pub(crate) fn queue(&self, now: UnixMillis) -> Vec<u64> {
+        if self.index.one_team_queued() {
+            return self.index.runnable(now).collect();
+        }
+        let mut running: Vec<u64> = self.leases.all().map(|l| l.job).collect();
+        running.sort_unstable();
+        running.dedup();
         let mut usage: BTreeMap<String, f64> = BTreeMap::new();
-        for j in self.jobs.values().filter(|j| !j.leases.is_empty()) {
-            *usage.entry(team(j)).or_default() += f64::from(j.spec.gpus * j.spec.nodes);
+        for j in running.iter().filter_map(|id| self.jobs.get(id)) {
+            if !j.leases.is_empty() {
+                *usage.entry(team(j)).or_default() += f64::from(j.spec.gpus * j.spec.nodes);
+            }
         }
         let mut by_priority: BTreeMap<Reverse<i32>, BTreeMap<String, VecDeque<&crate::job::Job>>> =
             BTreeMap::new();
-        let mut queued: Vec<&crate::job::Job> = self
-            .jobs
-            .values()
-            .filter(|j| j.state == JobState::Queued && j.not_before.is_none_or(|t| t <= now))
-            .collect();
-        queued.sort_by_key(|j| (j.submitted_at, j.id));
-        // One team (the common case): fair share has nothing to balance, and the order is
-        // priority, then age; no per-team bookkeeping on every call.
-        if let Some(first) = queued.first().map(|j| team_name(j))
-            && queued.iter().all(|j| team_name(j) == first)
-        {
-            queued.sort_by_key(|j| Reverse(j.spec.priority));
-            return queued.iter().map(|j| j.id).collect();
-        }
-        for j in queued {
+        for j in self.index.runnable(now).filter_map(|id| self.jobs.get(&id)) {
             by_priority
                 .entry(Reverse(j.spec.priority))
                 .or_default()
@@ -544,10 +543,6 @@ fn replicas_for(need: f64) -> usize {
     (need - 0.01).ceil().max(0.0) as usize
 }
 
-fn team_name(j: &crate::job::Job) -> &str {
-    j.spec.owner.as_deref().unwrap_or("default")
-}
-
 fn team(j: &crate::job::Job) -> String {
-    j.spec.owner.clone().unwrap_or_else(|| "default".to_owned())
+    crate::index::team(j).to_owned()
 }

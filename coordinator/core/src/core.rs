@@ -18,6 +18,7 @@ use nightshift_common::{
 };
 
 use crate::config::CoreConfig;
+use crate::index::JobIndex;
 use crate::job::{IllegalTransition, Job, JobEvent};
 use crate::lease::{Lease, LeaseTable};
 use crate::node::Node;
@@ -105,6 +106,8 @@ pub struct Core {
     pub(crate) config: CoreConfig,
     pub(crate) nodes: BTreeMap<String, Node>,
     pub(crate) jobs: BTreeMap<u64, Job>,
+    /// The queue order and the per-owner counts, kept in step with `jobs`.
+    pub(crate) index: JobIndex,
     pub(crate) leases: LeaseTable,
     pub(crate) next_job_id: u64,
     pub(crate) services: BTreeMap<String, ServiceState>,
@@ -178,6 +181,7 @@ impl Core {
         Self {
             config,
             nodes,
+            index: JobIndex::build(jobs.values()),
             jobs,
             leases: LeaseTable::restore(leases, snapshot.next_lease_id, snapshot.next_epoch),
             next_job_id: snapshot.next_job_id.max(max_job + 1).max(1),
@@ -194,7 +198,14 @@ impl Core {
         &self.config
     }
 
+    /// Records a change. Every change to a job passes here, which keeps the job index in
+    /// step with the jobs.
     fn effect(&mut self, effect: Effect) {
+        if let Effect::JobChanged(id) = &effect
+            && let Some(job) = self.jobs.get(id)
+        {
+            self.index.sync(job);
+        }
         self.changes += 1;
         self.effects.insert(effect);
     }
@@ -551,7 +562,7 @@ impl Core {
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
         // A retried job's backoff; a running job's run-time limit (a running job holds a
         // lease).
-        let backoffs = self.jobs.values().filter_map(|j| j.not_before);
+        let backoffs = self.index.next_backoffs(self.decided_at);
         let run_limits = self
             .leases
             .all()
@@ -818,11 +829,7 @@ impl Core {
 
     /// GPUs that `owner`'s unfinished jobs ask for (a gang's on every node).
     pub fn gpus_asked_by(&self, owner: Option<&str>) -> u32 {
-        self.jobs
-            .values()
-            .filter(|j| !j.state.is_finished() && j.spec.owner.as_deref() == owner)
-            .map(|j| j.spec.gpus * j.spec.nodes)
-            .sum()
+        u32::try_from(self.index.asked_by(owner)).unwrap_or(u32::MAX)
     }
 
     /// Every job, oldest first.

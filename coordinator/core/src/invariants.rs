@@ -28,6 +28,8 @@ pub enum Violation {
     EpochNotFenced { lease: u64, epoch: u64, next: u64 },
     #[error("leases {first} and {second} share epoch {epoch}")]
     EpochReused { first: u64, second: u64, epoch: u64 },
+    #[error("job {job}: the queue index does not match its record")]
+    JobIndexStale { job: u64 },
     #[error("job {job}: state {state} does not match its lease ({lease})")]
     JobLeaseMismatch {
         job: u64,
@@ -43,6 +45,9 @@ impl Core {
         self.check_gpu_owners(&mut out);
         self.check_fencing(&mut out);
         self.check_jobs(&mut out);
+        if let Some(job) = self.index.stale_entry(self.jobs.values()) {
+            out.push(Violation::JobIndexStale { job });
+        }
         out
     }
 

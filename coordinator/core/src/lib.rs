@@ -12,6 +12,7 @@ mod calendar;
 mod config;
 mod core;
 mod forecast;
+mod index;
 mod invariants;
 mod job;
 mod lease;
