@@ -154,12 +154,10 @@ impl JobIndex {
 impl Entry {
     fn of(job: &Job) -> Self {
         Self {
-            queued: (job.state == JobState::Queued).then(|| {
-                (
-                    (Reverse(job.spec.priority), job.submitted_at, job.id),
-                    job.not_before,
-                )
-            }),
+            queued: (job.state == JobState::Queued).then_some((
+                (Reverse(job.spec.priority), job.submitted_at, job.id),
+                job.not_before,
+            )),
             team: team(job).to_owned(),
             not_before: job.not_before,
             asked: if job.state.is_finished() {
