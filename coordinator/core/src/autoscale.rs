@@ -422,55 +422,53 @@ impl Core {
         if candidates.is_empty() {
             return Vec::new();
         }
-        // Lend the nodes with the fewest GPUs that fit, to keep big nodes for big jobs.
-        candidates.sort_by_key(|n| (n.gpus.len(), n.name.clone()));
+        // Lend the nodes with the fewest GPUs that fit, to keep big nodes for big jobs (a
+        // stable sort: by name among equals, the map's order).
+        candidates.sort_by_key(|n| n.gpus.len());
+        let healthy: Vec<usize> = candidates.iter().map(|n| healthy(n)).collect();
         // Free GPUs per lent node, then per node chosen to lend; jobs are packed first fit.
-        let mut free: Vec<usize> = self
+        // A node with none free can take no job, so it is left out.
+        let free: Vec<usize> = self
             .nodes
             .values()
             .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
             .map(|n| self.free_gpus(n).len())
+            .filter(|&f| f > 0)
             .collect();
-        let mut chosen: Vec<&Node> = Vec::new();
+        let mut packing = Packing {
+            free,
+            chosen: Vec::new(),
+            taken: vec![false; candidates.len()],
+            untaken_from: 0,
+        };
         for id in self.queue(now) {
-            if chosen.len() >= spare {
+            if packing.chosen.len() >= spare {
                 break;
             }
             let Some(job) = self.jobs.get(&id) else {
                 continue;
             };
             let (gpus, nodes) = (job.spec.gpus as usize, job.spec.nodes as usize);
-            let mut trial_free = free.clone();
-            let mut trial_chosen = chosen.clone();
-            let mut used: Vec<usize> = Vec::new();
-            while used.len() < nodes {
-                let fits =
-                    (0..trial_free.len()).find(|i| trial_free[*i] >= gpus && !used.contains(i));
-                let slot = match fits {
-                    Some(i) => i,
-                    None => {
-                        // A GPU reported unhealthy is never leased: only healthy ones count.
-                        let next = candidates.iter().find(|c| {
-                            healthy(c) >= gpus && !trial_chosen.iter().any(|t| t.name == c.name)
-                        });
-                        let Some(next) = next.filter(|_| trial_chosen.len() < spare) else {
-                            break;
-                        };
-                        trial_chosen.push(next);
-                        trial_free.push(healthy(next));
-                        trial_free.len() - 1
-                    }
-                };
-                trial_free[slot] -= gpus;
-                used.push(slot);
-            }
-            if used.len() < nodes {
+            let placed = if nodes <= 1 {
+                packing.place(gpus, 1, &healthy, spare)
+            } else {
+                // A gang is placed whole or not at all: try it on a copy.
+                let mut trial = packing.clone();
+                let placed = trial.place(gpus, nodes, &healthy, spare);
+                if placed {
+                    packing = trial;
+                }
+                placed
+            };
+            if !placed {
                 break;
             }
-            free = trial_free;
-            chosen = trial_chosen;
         }
-        chosen.into_iter().map(|n| n.name.clone()).collect()
+        packing
+            .chosen
+            .into_iter()
+            .map(|i| candidates[i].name.clone())
+            .collect()
     }
 
     /// Queued jobs that may run now, in the order they run: higher priority first; within a
@@ -545,4 +543,55 @@ fn replicas_for(need: f64) -> usize {
 
 fn team(j: &crate::job::Job) -> String {
     crate::index::team(j).to_owned()
+}
+
+/// Lending's dry run of placement: the free GPUs of lent nodes (those with any), and the
+/// serving nodes chosen so far from the candidates (indexes into them, sorted for lending).
+#[derive(Clone)]
+struct Packing {
+    free: Vec<usize>,
+    chosen: Vec<usize>,
+    taken: Vec<bool>,
+    /// Every candidate before this one is taken.
+    untaken_from: usize,
+}
+
+impl Packing {
+    /// Places `nodes` members of `gpus` GPUs each on distinct nodes, first fit, choosing a
+    /// further candidate (with enough healthy GPUs; no more than `spare` in all) for a member
+    /// that fits nowhere. On failure the packing is left part-way: gangs are tried on a copy.
+    fn place(&mut self, gpus: usize, nodes: usize, healthy: &[usize], spare: usize) -> bool {
+        let mut used: Vec<usize> = Vec::new();
+        while used.len() < nodes {
+            let fits = (0..self.free.len()).find(|i| self.free[*i] >= gpus && !used.contains(i));
+            let slot = match fits {
+                Some(i) => i,
+                None => {
+                    if self.chosen.len() >= spare {
+                        return false;
+                    }
+                    // A GPU reported unhealthy is never leased: only healthy ones count.
+                    let Some(next) = (self.untaken_from..healthy.len())
+                        .find(|&c| !self.taken[c] && healthy[c] >= gpus)
+                    else {
+                        return false;
+                    };
+                    self.taken[next] = true;
+                    while self.taken.get(self.untaken_from) == Some(&true) {
+                        self.untaken_from += 1;
+                    }
+                    self.chosen.push(next);
+                    self.free.push(healthy[next]);
+                    self.free.len() - 1
+                }
+            };
+            self.free[slot] -= gpus;
+            used.push(slot);
+        }
+        // Nodes filled up can take nothing more; keeping the others' order keeps first fit.
+        if used.iter().any(|&i| self.free[i] == 0) {
+            self.free.retain(|&f| f > 0);
+        }
+        true
+    }
 }
