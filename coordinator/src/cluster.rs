@@ -21,7 +21,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::config::AccountingConfig;
 use crate::pipelines::Pipelines;
-use crate::store::{Changes, Store, StoreError};
+use crate::store::{Changes, ImageRecord, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -194,35 +194,43 @@ impl Cluster {
             .set_policy(std::sync::Arc::new(policy));
     }
 
-    /// Keeps the image each job attempt's container was created from (its ID), so that the
-    /// attempt's spec is known down to the image and a rerun can run the same one. Attempts
-    /// already recorded cost a map lookup; a record that cannot be saved is logged, not
-    /// fatal: the heartbeat repeats it.
+    /// Queues the image IDs of job attempts that `node`'s heartbeat reports for the first
+    /// time, to be written with the next commit (so before the heartbeat that reported them
+    /// is answered, which waits for every batch queued before its own). Every heartbeat
+    /// repeats them; an attempt already queued costs a map lookup, and none a read of the
+    /// store or a transaction of its own.
     pub fn record_images(&self, node: &str, beat: &nightshift_common::Heartbeat) {
-        let runs: Vec<(u64, u32, String)> = {
-            let recorded = lock(&self.images_recorded);
+        let now = now_ms();
+        let images: Vec<ImageRecord> = {
+            let mut recorded = lock(&self.images_recorded);
             beat.jobs
                 .iter()
-                .filter(|r| recorded.get(&r.job_id).is_none_or(|a| *a < r.attempt))
-                .filter_map(|r| Some((r.job_id, r.attempt, r.image_id.clone()?)))
+                .filter_map(|r| {
+                    let image_id = r.image_id.clone()?;
+                    if recorded.get(&r.job_id).is_some_and(|a| *a >= r.attempt) {
+                        return None;
+                    }
+                    recorded.insert(r.job_id, r.attempt);
+                    Some(ImageRecord {
+                        job: r.job_id,
+                        attempt: r.attempt,
+                        node: node.to_owned(),
+                        image_id,
+                        at: now,
+                    })
+                })
                 .collect()
         };
-        if runs.is_empty() {
+        if images.is_empty() {
             return;
         }
-        match self.read_store(|store, _, now| store.record_images(node, &runs, now)) {
-            Ok(added) => {
-                if added > 0 {
-                    tracing::debug!(node, images = added, "launched images recorded");
-                }
-                let mut recorded = lock(&self.images_recorded);
-                for (job, attempt, _) in runs {
-                    let highest = recorded.entry(job).or_insert(attempt);
-                    *highest = (*highest).max(attempt);
-                }
-            }
-            Err(e) => tracing::warn!(node, error = %e, "recording launched images failed"),
-        }
+        tracing::debug!(node, images = images.len(), "launched images queued for the store");
+        let mut queue = lock(&self.queue);
+        queue.pending.push(Changes {
+            images,
+            ..Changes::default()
+        });
+        queue.staged += 1;
     }
 
     /// Notes where `node`'s agent answers.
@@ -431,6 +439,9 @@ impl Cluster {
 
     /// Rebuilds the core and the pipeline runs from what the store holds.
     fn reload(&self, inner: &mut Inner, store: &Store) {
+        // Image records queued since the last good commit may be lost with it: forget them,
+        // so that the heartbeats repeating them queue them again.
+        lock(&self.images_recorded).clear();
         let rebuilt = store.load().and_then(|snapshot| {
             let pipelines = store.load_pipelines()?;
             Ok((snapshot, pipelines))

@@ -125,6 +125,19 @@ pub struct Changes {
     pub profiles: Vec<(String, Profile)>,
     pub counters: Option<(u64, u64, u64)>,
     pub pipelines: PipelineChanges,
+    /// Image IDs that job attempts' containers ran, as agents reported them; the first
+    /// report of an attempt stands (every heartbeat repeats it).
+    pub images: Vec<ImageRecord>,
+}
+
+/// The image one attempt of a job ran, reported by the agent of `node` at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRecord {
+    pub job: u64,
+    pub attempt: u32,
+    pub node: String,
+    pub image_id: String,
+    pub at: UnixMillis,
 }
 
 impl Store {
@@ -381,48 +394,6 @@ impl Store {
         Ok(snapshot)
     }
 
-    /// Records the image ID each `(job, attempt, image_id)` ran on `node`; the first report
-    /// of an attempt stands. Every heartbeat repeats them, so the known ones cost one indexed
-    /// read each, and the new ones of a call one transaction. Returns how many were new.
-    pub fn record_images(
-        &self,
-        node: &str,
-        runs: &[(u64, u32, String)],
-        now: UnixMillis,
-    ) -> Result<usize, StoreError> {
-        let mut new = Vec::new();
-        {
-            let mut known = self
-                .conn
-                .prepare_cached("SELECT 1 FROM job_images WHERE job = ?1 AND attempt = ?2")
-                .map_err(|e| self.sql(e))?;
-            for run @ (job, attempt, _) in runs {
-                let seen = known
-                    .exists(params![*job as i64, *attempt as i64])
-                    .map_err(|e| self.sql(e))?;
-                if !seen {
-                    new.push(run);
-                }
-            }
-        }
-        if new.is_empty() {
-            return Ok(0);
-        }
-        let tx = self.conn.unchecked_transaction().map_err(|e| self.sql(e))?;
-        let mut added = 0;
-        for (job, attempt, image_id) in new {
-            added += tx
-                .execute(
-                    "INSERT INTO job_images (job, attempt, node, image_id, recorded_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
-                    params![*job as i64, *attempt as i64, node, image_id, now as i64],
-                )
-                .map_err(|e| self.sql(e))?;
-        }
-        tx.commit().map_err(|e| self.sql(e))?;
-        Ok(added)
-    }
-
     /// The image ID of each of `jobs` that has one: its newest attempt's.
     pub fn image_ids(&self, jobs: &[u64]) -> Result<BTreeMap<u64, String>, StoreError> {
         let mut stmt = self
@@ -469,11 +440,11 @@ impl Store {
     ) -> Result<(), StoreError> {
         for job in &changes.jobs {
             let record = serde_json::to_string(job).expect("wire types always serialize");
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO jobs (id, state, record) VALUES (?1, ?2, ?3)
                  ON CONFLICT(id) DO UPDATE SET state = excluded.state, record = excluded.record",
-                params![job.id as i64, job.state.as_str(), record],
             )
+            .and_then(|mut st| st.execute(params![job.id as i64, job.state.as_str(), record]))
             .map_err(sql)?;
         }
         for n in &changes.nodes {
@@ -487,11 +458,11 @@ impl Store {
                 mode_since: n.mode_since,
             };
             let record = serde_json::to_string(&stored).expect("wire types always serialize");
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO nodes (name, record) VALUES (?1, ?2)
                  ON CONFLICT(name) DO UPDATE SET record = excluded.record",
-                params![n.name, record],
             )
+            .and_then(|mut st| st.execute(params![n.name, record]))
             .map_err(sql)?;
         }
         for (service, p) in &changes.profiles {
@@ -500,19 +471,20 @@ impl Store {
                 daily: p.daily.clone(),
             };
             let record = serde_json::to_string(&stored).expect("profiles always serialize");
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO profiles (service, record) VALUES (?1, ?2)
                  ON CONFLICT(service) DO UPDATE SET record = excluded.record",
-                params![service, record],
             )
+            .and_then(|mut st| st.execute(params![service, record]))
             .map_err(sql)?;
         }
         for u in &changes.usage {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT OR REPLACE INTO usage
                  (lease_id, job_id, team, node, gpus, started_at, ended_at, preempted, lost_gpu_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
+            )
+            .and_then(|mut st| st.execute(params![
                     u.lease_id as i64,
                     u.job_id as i64,
                     u.team,
@@ -522,33 +494,48 @@ impl Store {
                     u.ended_at as i64,
                     u.preempted,
                     u.lost_gpu_ms as i64
-                ],
-            )
+                ]))
             .map_err(sql)?;
         }
         let p = &changes.pipelines;
         for run in &p.runs {
             let record = serde_json::to_string(run).expect("wire types always serialize");
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO pipeline_runs (id, record) VALUES (?1, ?2)
                  ON CONFLICT(id) DO UPDATE SET record = excluded.record",
-                params![run.id as i64, record],
             )
+            .and_then(|mut st| st.execute(params![run.id as i64, record]))
             .map_err(sql)?;
         }
         for (run, seq, input) in &p.inputs {
             let record = serde_json::to_string(input).expect("wire types always serialize");
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO pipeline_inputs (run, seq, record) VALUES (?1, ?2, ?3)",
-                params![*run as i64, *seq as i64, record],
             )
+            .and_then(|mut st| st.execute(params![*run as i64, *seq as i64, record]))
             .map_err(sql)?;
         }
         for (run, node, retry, job) in &p.jobs {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO pipeline_jobs (run, node, retry, job) VALUES (?1, ?2, ?3, ?4)",
-                params![*run as i64, *node as i64, *retry as i64, *job as i64],
             )
+            .and_then(|mut st| st.execute(params![*run as i64, *node as i64, *retry as i64, *job as i64]))
+            .map_err(sql)?;
+        }
+        for im in &changes.images {
+            tx.prepare_cached(
+                "INSERT INTO job_images (job, attempt, node, image_id, recorded_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    im.job as i64,
+                    i64::from(im.attempt),
+                    im.node,
+                    im.image_id,
+                    im.at as i64
+                ])
+            })
             .map_err(sql)?;
         }
         if let Some((job, lease, epoch)) = changes.counters {
@@ -557,11 +544,11 @@ impl Store {
                 ("next_lease_id", lease),
                 ("next_epoch", epoch),
             ] {
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT INTO meta (key, value) VALUES (?1, ?2)
                      ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
-                    params![key, value as i64],
                 )
+                .and_then(|mut st| st.execute(params![key, value as i64]))
                 .map_err(sql)?;
             }
         }
@@ -680,25 +667,42 @@ mod tests {
     #[test]
     fn the_first_image_reported_for_an_attempt_stands() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        let runs = [
-            (1, 1, "sha256:aa".to_owned()),
-            (2, 1, "sha256:bb".to_owned()),
-        ];
-        assert_eq!(store.record_images("n1", &runs, 5).unwrap(), 2);
+        let mut store = Store::open(dir.path()).unwrap();
+        let images = |node: &str, at, runs: &[(u64, u32, &str)]| Changes {
+            images: runs
+                .iter()
+                .map(|&(job, attempt, id)| ImageRecord {
+                    job,
+                    attempt,
+                    node: node.to_owned(),
+                    image_id: id.to_owned(),
+                    at,
+                })
+                .collect(),
+            ..Changes::default()
+        };
+        let runs = [(1, 1, "sha256:aa"), (2, 1, "sha256:bb")];
+        store.write(&images("n1", 5, &runs)).unwrap();
         // Every heartbeat repeats it; a later attempt (after a preemption) may differ.
-        assert_eq!(store.record_images("n1", &runs, 6).unwrap(), 0);
-        let later = [
-            (1, 1, "sha256:zz".to_owned()),
-            (1, 2, "sha256:cc".to_owned()),
-        ];
-        assert_eq!(store.record_images("n2", &later, 7).unwrap(), 1);
+        store.write(&images("n1", 6, &runs)).unwrap();
+        store
+            .write(&images("n2", 7, &[(1, 1, "sha256:zz"), (1, 2, "sha256:cc")]))
+            .unwrap();
         drop(store);
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(
             store.image_ids(&[1, 2, 3]).unwrap(),
             BTreeMap::from([(1, "sha256:cc".to_owned()), (2, "sha256:bb".to_owned())])
         );
+        let first: (String, String) = store
+            .conn
+            .query_row(
+                "SELECT image_id, node FROM job_images WHERE job = 1 AND attempt = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(first, ("sha256:aa".to_owned(), "n1".to_owned()));
     }
 
     #[test]

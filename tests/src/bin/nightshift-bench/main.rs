@@ -11,7 +11,7 @@
 //! placements per second, and the coordinator's CPU (from /proc) and peak RSS (VmHWM), with
 //! the load generator's own CPU and the machine's load average, since both share the cores.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,9 +123,18 @@ struct CoordinatorReport {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// The same, without each agent's first heartbeat (its connection set-up, arriving in
+    /// the first interval together with the fleet's first decisions).
+    steady_p50_ms: f64,
+    steady_p99_ms: f64,
+    /// p99 per second of the run (by when the heartbeat was sent), to show where a tail is.
+    p99_ms_by_second: Vec<f64>,
     errors: u64,
     placements: u64,
     placements_per_s: f64,
+    /// From the start of the heartbeats until the agents had seen 99 % of all placements:
+    /// how long placing the queue took, as the agents saw it (to their heartbeat interval).
+    placement_99_s: f64,
     coordinator_cpu_cores: f64,
     coordinator_peak_rss_mib: f64,
     /// This process's own CPU (the simulated agents), on the same cores.
@@ -205,7 +214,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 println!(
                     "agents {}  duration {:.1}s  queue {} jobs (submitted at {:.0}/s)\n\
                      heartbeats {:.0}/s of {:.0}/s offered  p50 {:.2} ms  p99 {:.2} ms  max {:.1} ms  errors {}\n\
-                     placements {} ({:.1}/s)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
+                     without each agent's first heartbeat: p50 {:.2} ms  p99 {:.2} ms\n\
+                     placements {} ({:.1}/s; 99 % seen {:.1} s after the start)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
                      load generator cpu {:.2} cores  load average {:.1}",
                     report.agents,
                     report.duration_s,
@@ -217,8 +227,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     report.p99_ms,
                     report.max_ms,
                     report.errors,
+                    report.steady_p50_ms,
+                    report.steady_p99_ms,
                     report.placements,
                     report.placements_per_s,
+                    report.placement_99_s,
                     report.coordinator_cpu_cores,
                     report.coordinator_peak_rss_mib,
                     report.load_generator_cpu_cores,
@@ -397,9 +410,11 @@ struct AgentState {
 }
 
 struct Shared {
-    latencies_us: Mutex<Vec<u64>>,
+    /// (sent, µs after the start; took, µs; the agent's first heartbeat)
+    latencies_us: Mutex<Vec<(u64, u64, bool)>>,
     errors: AtomicU64,
-    placements: Mutex<BTreeSet<u64>>,
+    /// Lease id → µs after the start when an agent first saw it.
+    placements: Mutex<BTreeMap<u64, u64>>,
 }
 
 async fn coordinator(
@@ -430,7 +445,7 @@ async fn coordinator(
     let shared = Arc::new(Shared {
         latencies_us: Mutex::new(Vec::new()),
         errors: AtomicU64::new(0),
-        placements: Mutex::new(BTreeSet::new()),
+        placements: Mutex::new(BTreeMap::new()),
     });
     let cpu_before = c.cpu_s()?;
     let own_before = ProcStat::read(std::process::id())?;
@@ -449,6 +464,7 @@ async fn coordinator(
             };
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut first = true;
             loop {
                 tick.tick().await;
                 if Instant::now() >= end {
@@ -470,10 +486,13 @@ async fn coordinator(
                     shared.errors.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
-                shared.latencies_us.lock().await.push(took);
+                let at = sent.duration_since(t0).as_micros() as u64;
+                shared.latencies_us.lock().await.push((at, took, first));
+                first = false;
+                let seen = t0.elapsed().as_micros() as u64;
                 let mut placed = shared.placements.lock().await;
                 for l in &desired.leases {
-                    placed.insert(l.lease_id);
+                    placed.entry(l.lease_id).or_insert(seen);
                 }
                 drop(placed);
                 absorb(&mut state, &desired);
@@ -490,16 +509,31 @@ async fn coordinator(
         .ok()
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
         .unwrap_or(f64::NAN);
-    let mut lat = std::mem::take(&mut *shared.latencies_us.lock().await);
-    lat.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        if lat.is_empty() {
-            return 0.0;
-        }
-        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
-        lat[i] as f64 / 1_000.0
+    let beats = std::mem::take(&mut *shared.latencies_us.lock().await);
+    let sorted = |keep: &dyn Fn(&(u64, u64, bool)) -> bool| {
+        let mut v: Vec<u64> = beats.iter().filter(|b| keep(b)).map(|b| b.1).collect();
+        v.sort_unstable();
+        v
     };
-    let placements = shared.placements.lock().await.len() as u64;
+    let lat = sorted(&|_| true);
+    let steady = sorted(&|b| !b.2);
+    let by_second: Vec<f64> = (0..duration)
+        .map(|s| {
+            let range = s * 1_000_000..(s + 1) * 1_000_000;
+            percentile(&sorted(&|b| range.contains(&b.0)), 0.99)
+        })
+        .collect();
+    let seen: Vec<u64> = {
+        let mut v: Vec<u64> = shared.placements.lock().await.values().copied().collect();
+        v.sort_unstable();
+        v
+    };
+    let placements = seen.len() as u64;
+    let placement_99_s = if seen.is_empty() {
+        0.0
+    } else {
+        seen[((seen.len() as f64 * 0.99).ceil() as usize).clamp(1, seen.len()) - 1] as f64 / 1e6
+    };
     Ok(CoordinatorReport {
         agents,
         duration_s: elapsed,
@@ -508,9 +542,13 @@ async fn coordinator(
         heartbeats: lat.len() as u64,
         heartbeats_per_s: lat.len() as f64 / elapsed,
         offered_heartbeats_per_s: f64::from(agents) / interval,
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
+        p50_ms: percentile(&lat, 0.50),
+        p99_ms: percentile(&lat, 0.99),
         max_ms: lat.last().map_or(0.0, |&v| v as f64 / 1_000.0),
+        steady_p50_ms: percentile(&steady, 0.50),
+        steady_p99_ms: percentile(&steady, 0.99),
+        p99_ms_by_second: by_second,
+        placement_99_s,
         errors: shared.errors.load(Ordering::Relaxed),
         placements,
         placements_per_s: placements as f64 / elapsed,
@@ -590,4 +628,13 @@ fn absorb(state: &mut AgentState, desired: &DesiredNode) {
             ));
         }
     }
+}
+
+/// The `p` quantile of sorted microseconds, in milliseconds (0 when empty).
+fn percentile(sorted_us: &[u64], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted_us.len() as f64 * p).ceil() as usize).clamp(1, sorted_us.len()) - 1;
+    sorted_us[i] as f64 / 1_000.0
 }
