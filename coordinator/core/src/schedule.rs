@@ -13,18 +13,29 @@ use nightshift_common::{NodeMode, UnixMillis};
 use crate::core::Core;
 use crate::node::Node;
 
-/// The free GPUs of every reachable lent node, by name, kept up to date while one round of
-/// placement grants leases, so that each job costs a pass over these nodes and nothing more.
+/// The free GPUs of every reachable lent node that has any, by name, and the same nodes
+/// ordered by how many GPUs they have free, kept up to date while one round of placement
+/// grants leases: a job's placement is a range query, not a sort of every lent node.
 struct Capacity {
     free: BTreeMap<String, Vec<u32>>,
+    /// `(free GPUs, name)` of every node in `free`.
+    by_free: BTreeSet<(usize, String)>,
 }
 
 impl Capacity {
+    fn new(free: BTreeMap<String, Vec<u32>>) -> Self {
+        let by_free = free
+            .iter()
+            .map(|(name, gpus)| (gpus.len(), name.clone()))
+            .collect();
+        Self { free, by_free }
+    }
+
     /// Unreserved nodes with at least one free GPU.
     fn any_free(&self, reserved: &BTreeSet<String>) -> bool {
-        self.free
+        self.by_free
             .iter()
-            .any(|(name, free)| !free.is_empty() && !reserved.contains(name))
+            .any(|(n, name)| *n > 0 && !reserved.contains(name))
     }
 
     /// `count` distinct unreserved nodes with `gpus` free GPUs each (fewest free first).
@@ -34,45 +45,53 @@ impl Capacity {
         count: usize,
         reserved: &BTreeSet<String>,
     ) -> Option<Vec<(String, Vec<u32>)>> {
-        let mut fits: Vec<(usize, &String, &Vec<u32>)> = self
-            .free
-            .iter()
-            .filter(|(name, free)| free.len() >= gpus && !reserved.contains(*name))
-            .map(|(name, free)| (free.len(), name, free))
+        let fits: Vec<&String> = self
+            .by_free
+            .range((gpus, String::new())..)
+            .map(|(_, name)| name)
+            .filter(|name| !reserved.contains(*name))
+            .take(count)
             .collect();
         if fits.len() < count {
             return None;
         }
-        fits.sort();
         Some(
             fits.into_iter()
-                .take(count)
-                .map(|(_, name, free)| (name.clone(), free.iter().copied().take(gpus).collect()))
+                .map(|name| (name.clone(), self.free[name].iter().copied().take(gpus).collect()))
                 .collect(),
         )
     }
 
-    /// Keeps the nodes with the most free GPUs for a job that does not fit yet.
+    /// Keeps the nodes with the most free GPUs for a job that does not fit yet (among
+    /// equals, by name).
     fn reserve(&self, nodes: usize, reserved: &mut BTreeSet<String>) {
-        let mut lent: Vec<(&String, usize)> = self
-            .free
-            .iter()
-            .filter(|(name, _)| !reserved.contains(*name))
-            .map(|(name, free)| (name, free.len()))
-            .collect();
-        lent.sort_by_key(|(_, free)| std::cmp::Reverse(*free));
-        let keep: Vec<String> = lent
-            .into_iter()
-            .take(nodes)
-            .map(|(n, _)| n.clone())
-            .collect();
+        let mut keep: Vec<String> = Vec::new();
+        let mut below = usize::MAX;
+        while keep.len() < nodes {
+            // The next lower count of free GPUs, then its nodes in name order.
+            let Some((count, _)) = self.by_free.range(..(below, String::new())).next_back() else {
+                break;
+            };
+            let count = *count;
+            keep.extend(
+                self.by_free
+                    .range((count, String::new())..(count + 1, String::new()))
+                    .map(|(_, name)| name)
+                    .filter(|name| !reserved.contains(*name))
+                    .take(nodes - keep.len())
+                    .cloned(),
+            );
+            below = count;
+        }
         reserved.extend(keep);
     }
 
     fn take(&mut self, placements: &[(String, Vec<u32>)]) {
         for (node, gpus) in placements {
             if let Some(free) = self.free.get_mut(node) {
+                self.by_free.remove(&(free.len(), node.clone()));
                 free.retain(|g| !gpus.contains(g));
+                self.by_free.insert((free.len(), node.clone()));
             }
         }
     }
@@ -83,16 +102,15 @@ impl Core {
         // A node with nothing free can take no job this round, nor does reserving it change
         // what others get: only nodes with a free GPU enter (usually none, once lent nodes
         // are busy), so a decision with nothing to place allocates nothing per node.
-        let mut capacity = Capacity {
-            free: self
-                .lent_nodes(now)
+        let mut capacity = Capacity::new(
+            self.lent_nodes(now)
                 .into_iter()
                 .filter_map(|n| {
                     let free = self.free_gpus(n);
                     (!free.is_empty()).then(|| (n.name.clone(), free))
                 })
                 .collect(),
-        };
+        );
         let mut reserved: BTreeSet<String> = BTreeSet::new();
         // Every job asks for at least one GPU: with none free, the queue need not be ordered.
         if !capacity.any_free(&reserved) {
