@@ -427,6 +427,7 @@ impl CoordinatorConfig {
             preempt_exempt_ms: ms(self.preempt_exempt_s),
             team_weights: self.team_weights.clone(),
             rendezvous_port_base: self.rendezvous_port_base,
+            max_placements_per_decision: CoreConfig::default().max_placements_per_decision,
         }
     }
 }

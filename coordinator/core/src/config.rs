@@ -16,6 +16,10 @@ pub struct CoreConfig {
     pub team_weights: std::collections::BTreeMap<String, f64>,
     /// First port of gang rendezvous; a job uses `base + id % 1000`.
     pub rendezvous_port_base: u16,
+    /// Jobs one decision places at most; the rest follow at the next decision. Bounds the
+    /// work, and the batch of changes to write, that a decision holds everything else up
+    /// for when a large queue meets many free GPUs at once.
+    pub max_placements_per_decision: usize,
 }
 
 impl Default for CoreConfig {
@@ -27,6 +31,7 @@ impl Default for CoreConfig {
             preempt_exempt_ms: 0,
             team_weights: std::collections::BTreeMap::new(),
             rendezvous_port_base: 29_500,
+            max_placements_per_decision: 256,
         }
     }
 }

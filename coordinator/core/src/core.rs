@@ -586,11 +586,15 @@ impl Core {
         for service in &services {
             self.autoscale(now, service);
         }
-        self.place_queued(now);
-        self.return_idle_nodes(now);
+        let more = self.place_queued(now);
+        // Lent nodes still waiting for the rest of the queue are not idle.
+        if !more {
+            self.return_idle_nodes(now);
+        }
         self.settled = self.changes == changes_before;
         self.decided_at = Some(now);
-        self.pending = false;
+        // Placement stopped at its limit per decision: the next decision places more.
+        self.pending = more;
     }
 
     fn expire_leases(&mut self, now: UnixMillis) {

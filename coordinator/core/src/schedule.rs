@@ -98,7 +98,10 @@ impl Capacity {
 }
 
 impl Core {
-    pub(crate) fn place_queued(&mut self, now: UnixMillis) {
+    /// Places queued jobs in queue order on the lent nodes' free GPUs, at most
+    /// `max_placements_per_decision` of them; returns whether it stopped at that limit with
+    /// GPUs still free (another decision should follow).
+    pub(crate) fn place_queued(&mut self, now: UnixMillis) -> bool {
         // A node with nothing free can take no job this round, nor does reserving it change
         // what others get: only nodes with a free GPU enter (usually none, once lent nodes
         // are busy), so a decision with nothing to place allocates nothing per node.
@@ -114,11 +117,15 @@ impl Core {
         let mut reserved: BTreeSet<String> = BTreeSet::new();
         // Every job asks for at least one GPU: with none free, the queue need not be ordered.
         if !capacity.any_free(&reserved) {
-            return;
+            return false;
         }
+        let mut placed = 0;
         for job in self.queue(now) {
             if !capacity.any_free(&reserved) {
                 break;
+            }
+            if placed >= self.config.max_placements_per_decision {
+                return true;
             }
             let Some((gpus, nodes)) = self
                 .jobs
@@ -131,11 +138,13 @@ impl Core {
                 Some(placements) => {
                     capacity.take(&placements);
                     self.grant(now, job, placements);
+                    placed += 1;
                 }
                 // Keep the nodes with the most free GPUs for this job; others may backfill.
                 None => capacity.reserve(nodes, &mut reserved),
             }
         }
+        false
     }
 
     fn lent_nodes(&self, now: UnixMillis) -> Vec<&Node> {

@@ -398,3 +398,36 @@ fn gpus_asked_by_counts_an_owners_unfinished_jobs_on_every_node() {
         "a finished job asks for nothing"
     );
 }
+
+#[test]
+fn a_queue_larger_than_one_decision_places_is_placed_over_the_next_decisions() {
+    let mut cfg = config(1);
+    cfg.max_placements_per_decision = 1;
+    // A node handed back could not be lent again within the test.
+    cfg.services[0].cooldown_ms = 3_600_000;
+    let mut c = Cluster::new(cfg, &[("a", 4), ("b", 4), ("c", 4)]);
+    long_jobs(&mut c, 1..=8);
+    for i in 0..8 {
+        c.core.submit(c.now, spec(&format!("j{i}"), 1)).unwrap();
+    }
+    let mut lent_at = None;
+    for step in 0..60 {
+        c.run(1);
+        let m = modes(&c);
+        if lent_at.is_none() && m == "a=lend b=lend c=serve" {
+            lent_at = Some(step);
+        }
+        if lent_at.is_some() {
+            // Nodes waiting for their share of the queue are not handed back meanwhile.
+            assert_eq!(m, "a=lend b=lend c=serve", "step {step}");
+        }
+    }
+    assert!(lent_at.is_some(), "both spare nodes were lent");
+    let running = c
+        .core
+        .jobs()
+        .iter()
+        .filter(|j| j.state == JobState::Running)
+        .count();
+    assert_eq!(running, 8, "{}", placement(&c));
+}
