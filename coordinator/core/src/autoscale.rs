@@ -154,26 +154,11 @@ impl Core {
     /// The measured time to take a node back and have it serving: the longest of the latest
     /// complete reclaims of the service's nodes, with a quarter added for margin.
     pub(crate) fn reclaim_lead_ms(&self, policy: &ServicePolicy) -> u64 {
-        const PHASES: [&str; 4] = ["stop_jobs", "confirm_free", "start_replica", "wait_health"];
         let measured = self
             .nodes
             .values()
             .filter(|n| n.service == policy.name)
-            .filter_map(|n| {
-                let latest = |phase: &str| {
-                    n.phases
-                        .iter()
-                        .rev()
-                        .find(|p| {
-                            p.sequence == nightshift_common::SequenceKind::Reclaim
-                                && p.phase == phase
-                        })
-                        .map(|p| p.duration_ms)
-                };
-                // A replica start and its health wait are the part a reclaim cannot skip.
-                latest("start_replica")?;
-                Some(PHASES.iter().filter_map(|p| latest(p)).sum::<u64>())
-            })
+            .filter_map(Node::reclaim_ms)
             .max();
         measured.map_or(policy.default_reclaim_lead_ms, |ms| {
             ms + ms / 4 + self.config.heartbeat_interval_ms

@@ -30,6 +30,9 @@ pub struct Node {
     pub replica: Option<ReplicaStatus>,
     pub runs: Vec<JobRun>,
     pub phases: VecDeque<PhaseRecord>,
+    /// The latest complete reclaim among `phases`, in milliseconds (see
+    /// [`Node::reclaim_ms`]), worked out when phases arrive rather than on every decision.
+    reclaim_ms: Option<u64>,
 }
 
 impl Node {
@@ -48,7 +51,30 @@ impl Node {
             replica: None,
             runs: Vec::new(),
             phases: VecDeque::new(),
+            reclaim_ms: None,
         }
+    }
+
+    /// How long the latest reclaim recorded among the kept phases took: the latest
+    /// `stop_jobs`, `confirm_free`, `start_replica` and `wait_health` phases of reclaims,
+    /// summed; none until a replica start was recorded (the part no reclaim can skip).
+    pub fn reclaim_ms(&self) -> Option<u64> {
+        self.reclaim_ms
+    }
+
+    fn latest_reclaim_ms(&self) -> Option<u64> {
+        const PHASES: [&str; 4] = ["stop_jobs", "confirm_free", "start_replica", "wait_health"];
+        let latest = |phase: &str| {
+            self.phases
+                .iter()
+                .rev()
+                .find(|p| {
+                    p.sequence == nightshift_common::SequenceKind::Reclaim && p.phase == phase
+                })
+                .map(|p| p.duration_ms)
+        };
+        latest("start_replica")?;
+        Some(PHASES.iter().filter_map(|p| latest(p)).sum())
     }
 
     /// Heard from within `ttl_ms`. A node never heard from since the coordinator started
@@ -111,11 +137,16 @@ impl Node {
 
     pub(crate) fn record_phases(&mut self, phases: &[PhaseRecord]) {
         let last = self.phases.back().map_or(0, |p| p.seq);
+        let mut added = false;
         for p in phases.iter().filter(|p| p.seq > last) {
             self.phases.push_back(p.clone());
+            added = true;
             if self.phases.len() > PHASES_KEPT {
                 self.phases.pop_front();
             }
+        }
+        if added {
+            self.reclaim_ms = self.latest_reclaim_ms();
         }
     }
 }
