@@ -386,7 +386,9 @@ impl SimNode {
     /// One owner per GPU on the host itself: no job runs while the replica holds the GPUs,
     /// and no two live jobs share one.
     pub fn check_owners(&self) -> Result<(), String> {
-        let mut seen: BTreeMap<u32, u64> = BTreeMap::new();
+        // A host has a handful of GPUs: a short list beats a map, and allocates only when
+        // jobs run.
+        let mut seen: Vec<(u32, u64)> = Vec::new();
         for r in self.runs.iter().filter(|r| r.live()) {
             if self.replica_holds_gpus() {
                 return Err(format!(
@@ -395,7 +397,7 @@ impl SimNode {
                 ));
             }
             for g in &r.gpus {
-                if let Some(other) = seen.insert(*g, r.lease_id) {
+                if let Some(&(_, other)) = seen.iter().find(|(seen_gpu, _)| seen_gpu == g) {
                     return Err(format!(
                         "node {} gpu {g}: leases {other} and {}",
                         self.name, r.lease_id
@@ -407,6 +409,7 @@ impl SimNode {
                         self.name, r.lease_id, r.epoch
                     ));
                 }
+                seen.push((*g, r.lease_id));
             }
         }
         Ok(())
