@@ -388,7 +388,9 @@ impl Core {
         policy: &ServicePolicy,
         spare: usize,
     ) -> Vec<String> {
-        if spare == 0 {
+        // Nothing runnable is queued (the usual case once the queue is placed): no node is
+        // worth lending, and no node needs looking at.
+        if spare == 0 || self.index.runnable(now).next().is_none() {
             return Vec::new();
         }
         let ttl = self.config.lease_ttl_ms;

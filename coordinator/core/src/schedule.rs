@@ -102,6 +102,9 @@ impl Core {
     /// `max_placements_per_decision` of them; returns whether it stopped at that limit with
     /// GPUs still free (another decision should follow).
     pub(crate) fn place_queued(&mut self, now: UnixMillis) -> bool {
+        if self.index.runnable(now).next().is_none() {
+            return false;
+        }
         // A node with nothing free can take no job this round, nor does reserving it change
         // what others get: only nodes with a free GPU enter (usually none, once lent nodes
         // are busy), so a decision with nothing to place allocates nothing per node.
