@@ -35,6 +35,8 @@ impl MetricConstructor<Histogram> for PhaseBuckets {
 pub struct Metrics {
     phases: Family<Labels, Histogram, PhaseBuckets>,
     seen: Mutex<HashMap<String, u64>>,
+    /// How long each decision of the core took (it holds the core's lock meanwhile).
+    decisions: Histogram,
 }
 
 impl Default for Metrics {
@@ -42,6 +44,10 @@ impl Default for Metrics {
         Self {
             phases: Family::new_with_constructor(PhaseBuckets),
             seen: Mutex::new(HashMap::new()),
+            decisions: Histogram::new([
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0,
+            ]),
         }
     }
 }
@@ -75,6 +81,11 @@ impl Metrics {
                 .observe(p.duration_ms as f64 / 1000.0);
             *last = p.seq;
         }
+    }
+
+    /// One decision of the core took `seconds`.
+    pub fn observe_decision(&self, seconds: f64) {
+        self.decisions.observe(seconds);
     }
 
     /// The text exposition of every metric, now.
@@ -126,6 +137,11 @@ impl Metrics {
             "phase_duration_seconds",
             "Duration of each drain and reclaim phase reported by agents",
             self.phases.clone(),
+        );
+        registry.register(
+            "decision_duration_seconds",
+            "Duration of the decisions (scaling, placement) made after heartbeats and by the ticker; the core serves no other call meanwhile",
+            self.decisions.clone(),
         );
         let mut out = String::new();
         // Writing to a String cannot fail.

@@ -58,7 +58,7 @@ pub(crate) async fn tick(cluster: Arc<Cluster>) {
         });
         tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
         if let Err(e) = cluster.apply(|core, now| {
-            core.tick(now);
+            cluster.decide(core, now);
             Ok(())
         }) {
             tracing::error!(error = %e, "tick failed");

@@ -449,4 +449,17 @@ async fn metrics_and_service_discovery_show_the_serving_replica() {
             "missing {line:?} in:\n{metrics}"
         );
     }
+    // The ticker decides at least twice a second, and times each decision.
+    let decisions = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("nightshift_decision_duration_seconds_count "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no decision count in:\n{metrics}"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while decisions(&get("/metrics").await) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no decision timed in 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }

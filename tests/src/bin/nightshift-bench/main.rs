@@ -137,6 +137,12 @@ struct CoordinatorReport {
     placement_99_s: f64,
     coordinator_cpu_cores: f64,
     coordinator_peak_rss_mib: f64,
+    /// The coordinator's timed decisions (after heartbeats and by its ticker), from its
+    /// `nightshift_decision_duration_seconds` histogram: how many, their mean, and the
+    /// bucket bound that 99 % of them stayed within.
+    decisions: u64,
+    decision_mean_ms: f64,
+    decision_p99_le_ms: f64,
     /// This process's own CPU (the simulated agents), on the same cores.
     load_generator_cpu_cores: f64,
     /// The machine's load average at the end of the run.
@@ -529,6 +535,14 @@ async fn coordinator(
         v
     };
     let placements = seen.len() as u64;
+    let metrics = http
+        .get(format!("{}/metrics", c.url))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    let decisions = Decisions::parse(&metrics);
     let placement_99_s = if seen.is_empty() {
         0.0
     } else {
@@ -554,6 +568,9 @@ async fn coordinator(
         placements_per_s: placements as f64 / elapsed,
         coordinator_cpu_cores: cpu / elapsed,
         coordinator_peak_rss_mib: c.peak_rss_mib()?,
+        decisions: decisions.count,
+        decision_mean_ms: decisions.mean_ms(),
+        decision_p99_le_ms: decisions.quantile_le_ms(0.99),
         load_generator_cpu_cores: own_cpu / elapsed,
         load_average_1m,
     })
@@ -637,4 +654,84 @@ fn percentile(sorted_us: &[u64], p: f64) -> f64 {
     }
     let i = ((sorted_us.len() as f64 * p).ceil() as usize).clamp(1, sorted_us.len()) - 1;
     sorted_us[i] as f64 / 1_000.0
+}
+
+/// The coordinator's decision-duration histogram, read from its `/metrics` text.
+#[derive(Debug, Default)]
+struct Decisions {
+    count: u64,
+    sum_s: f64,
+    /// `(le, cumulative count)` in the order exposed (ascending).
+    buckets: Vec<(f64, u64)>,
+}
+
+impl Decisions {
+    const NAME: &'static str = "nightshift_decision_duration_seconds";
+
+    fn parse(text: &str) -> Self {
+        let mut d = Self::default();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(Self::NAME) else {
+                continue;
+            };
+            let Some((key, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            match key {
+                "_count" => d.count = value.parse().unwrap_or(0),
+                "_sum" => d.sum_s = value.parse().unwrap_or(0.0),
+                _ => {
+                    let le = key
+                        .strip_prefix("_bucket{le=\"")
+                        .and_then(|k| k.strip_suffix("\"}"))
+                        .and_then(|le| le.parse::<f64>().ok());
+                    if let (Some(le), Ok(n)) = (le, value.parse()) {
+                        d.buckets.push((le, n));
+                    }
+                }
+            }
+        }
+        d
+    }
+
+    fn mean_ms(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_s / self.count as f64 * 1_000.0
+        }
+    }
+
+    /// The smallest bucket bound that a share `q` of the decisions stayed within.
+    fn quantile_le_ms(&self, q: f64) -> f64 {
+        let want = (self.count as f64 * q).ceil() as u64;
+        self.buckets
+            .iter()
+            .find(|(_, n)| *n >= want)
+            .map_or(f64::INFINITY, |(le, _)| le * 1_000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Decisions;
+
+    #[test]
+    fn the_decision_histogram_is_read_from_the_exposition() {
+        let text = "\
+# TYPE nightshift_decision_duration_seconds histogram
+nightshift_decision_duration_seconds_sum 0.3
+nightshift_decision_duration_seconds_count 100
+nightshift_decision_duration_seconds_bucket{le=\"0.001\"} 90
+nightshift_decision_duration_seconds_bucket{le=\"0.01\"} 99
+nightshift_decision_duration_seconds_bucket{le=\"0.1\"} 100
+nightshift_decision_duration_seconds_bucket{le=\"+Inf\"} 100
+nightshift_queue_length 0
+";
+        let d = Decisions::parse(text);
+        assert_eq!(d.count, 100);
+        assert!((d.mean_ms() - 3.0).abs() < 1e-9);
+        assert_eq!(d.quantile_le_ms(0.99), 10.0);
+        assert_eq!(d.quantile_le_ms(0.5), 1.0);
+    }
 }
