@@ -40,8 +40,9 @@ pub(crate) fn fold<A: Send>(
     })
 }
 
-/// `f(i)` for every `i` in `order`, computed in parallel; the results are indexed by `i`.
-/// Items are started in the order given, so the longest can go first.
+/// `f(i)` for every `i` in `order` (which holds each of `0..order.len()` once), computed in
+/// parallel; the results are indexed by `i`. Items are started in the order given, so the
+/// longest can go first.
 pub(crate) fn map<T: Send>(order: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let parts = fold(order.len(), Vec::new, |done: &mut Vec<(usize, T)>, k| {
         let i = order[k];
