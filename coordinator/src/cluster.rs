@@ -232,7 +232,11 @@ impl Cluster {
         if images.is_empty() {
             return;
         }
-        tracing::debug!(node, images = images.len(), "launched images queued for the store");
+        tracing::debug!(
+            node,
+            images = images.len(),
+            "launched images queued for the store"
+        );
         let mut queue = lock(&self.queue);
         queue.pending.push(Changes {
             images,

@@ -45,8 +45,8 @@ impl Default for Metrics {
             phases: Family::new_with_constructor(PhaseBuckets),
             seen: Mutex::new(HashMap::new()),
             decisions: Histogram::new([
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                0.5, 1.0,
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0,
             ]),
         }
     }

@@ -484,7 +484,8 @@ impl Store {
                  (lease_id, job_id, team, node, gpus, started_at, ended_at, preempted, lost_gpu_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )
-            .and_then(|mut st| st.execute(params![
+            .and_then(|mut st| {
+                st.execute(params![
                     u.lease_id as i64,
                     u.job_id as i64,
                     u.team,
@@ -494,7 +495,8 @@ impl Store {
                     u.ended_at as i64,
                     u.preempted,
                     u.lost_gpu_ms as i64
-                ]))
+                ])
+            })
             .map_err(sql)?;
         }
         let p = &changes.pipelines;
@@ -509,17 +511,22 @@ impl Store {
         }
         for (run, seq, input) in &p.inputs {
             let record = serde_json::to_string(input).expect("wire types always serialize");
-            tx.prepare_cached(
-                "INSERT INTO pipeline_inputs (run, seq, record) VALUES (?1, ?2, ?3)",
-            )
-            .and_then(|mut st| st.execute(params![*run as i64, *seq as i64, record]))
-            .map_err(sql)?;
+            tx.prepare_cached("INSERT INTO pipeline_inputs (run, seq, record) VALUES (?1, ?2, ?3)")
+                .and_then(|mut st| st.execute(params![*run as i64, *seq as i64, record]))
+                .map_err(sql)?;
         }
         for (run, node, retry, job) in &p.jobs {
             tx.prepare_cached(
                 "INSERT INTO pipeline_jobs (run, node, retry, job) VALUES (?1, ?2, ?3, ?4)",
             )
-            .and_then(|mut st| st.execute(params![*run as i64, *node as i64, *retry as i64, *job as i64]))
+            .and_then(|mut st| {
+                st.execute(params![
+                    *run as i64,
+                    *node as i64,
+                    *retry as i64,
+                    *job as i64
+                ])
+            })
             .map_err(sql)?;
         }
         for im in &changes.images {
@@ -686,7 +693,11 @@ mod tests {
         // Every heartbeat repeats it; a later attempt (after a preemption) may differ.
         store.write(&images("n1", 6, &runs)).unwrap();
         store
-            .write(&images("n2", 7, &[(1, 1, "sha256:zz"), (1, 2, "sha256:cc")]))
+            .write(&images(
+                "n2",
+                7,
+                &[(1, 1, "sha256:zz"), (1, 2, "sha256:cc")],
+            ))
             .unwrap();
         drop(store);
         let store = Store::open(dir.path()).unwrap();

@@ -459,7 +459,10 @@ async fn metrics_and_service_discovery_show_the_serving_replica() {
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while decisions(&get("/metrics").await) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no decision timed in 10 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no decision timed in 10 s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }

@@ -209,8 +209,14 @@ mod tests {
         assert_eq!(index.runnable(99).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(index.runnable(100).collect::<Vec<_>>(), vec![2, 3, 1]);
         assert_eq!(index.next_backoffs(None).collect::<Vec<_>>(), vec![100]);
-        assert_eq!(index.next_backoffs(Some(100)).collect::<Vec<_>>(), vec![100]);
-        assert_eq!(index.next_backoffs(Some(99)).collect::<Vec<_>>(), vec![100, 100]);
+        assert_eq!(
+            index.next_backoffs(Some(100)).collect::<Vec<_>>(),
+            vec![100]
+        );
+        assert_eq!(
+            index.next_backoffs(Some(99)).collect::<Vec<_>>(),
+            vec![100, 100]
+        );
 
         a.state = JobState::Succeeded;
         a.not_before = None;
@@ -222,7 +228,11 @@ mod tests {
 
     #[test]
     fn rebuilding_from_the_jobs_gives_the_same_index() {
-        let mut jobs = vec![job(1, 0, None, 1), job(2, 1, Some("x"), 2), job(3, 0, None, 3)];
+        let mut jobs = vec![
+            job(1, 0, None, 1),
+            job(2, 1, Some("x"), 2),
+            job(3, 0, None, 3),
+        ];
         let mut index = JobIndex::build(&jobs);
         assert_eq!(index.stale_entry(&jobs), None);
         jobs[0].state = JobState::Cancelled;
@@ -241,6 +251,10 @@ mod tests {
         assert!(index.one_team_queued(), "only team default is queued now");
         assert_eq!(index.stale_entry(&jobs), None);
         jobs[1].state = JobState::Queued;
-        assert_eq!(index.stale_entry(&jobs), Some(2), "a change not synced is found");
+        assert_eq!(
+            index.stale_entry(&jobs),
+            Some(2),
+            "a change not synced is found"
+        );
     }
 }

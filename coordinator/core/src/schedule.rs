@@ -57,7 +57,12 @@ impl Capacity {
         }
         Some(
             fits.into_iter()
-                .map(|name| (name.clone(), self.free[name].iter().copied().take(gpus).collect()))
+                .map(|name| {
+                    (
+                        name.clone(),
+                        self.free[name].iter().copied().take(gpus).collect(),
+                    )
+                })
                 .collect(),
         )
     }

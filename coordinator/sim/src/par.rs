@@ -35,7 +35,11 @@ pub(crate) fn fold<A: Send>(
     std::thread::scope(|scope| {
         let others: Vec<_> = (1..workers(items)).map(|_| scope.spawn(worker)).collect();
         let mut accs = vec![worker()];
-        accs.extend(others.into_iter().map(|w| w.join().expect("a simulation worker panicked")));
+        accs.extend(
+            others
+                .into_iter()
+                .map(|w| w.join().expect("a simulation worker panicked")),
+        );
         accs
     })
 }
