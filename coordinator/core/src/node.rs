@@ -93,8 +93,20 @@ impl Node {
     /// GPUs a job container still occupies, by the agent's own report, whatever the lease
     /// table says (a container left from an expired lease, for instance).
     pub fn occupied_gpus(&self) -> Vec<u32> {
-        let mut gpus: Vec<u32> = self
-            .runs
+        let mut gpus: Vec<u32> = self.occupying().collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
+    /// Whether a job container the agent reports still occupies GPU `index`.
+    pub fn occupies(&self, index: u32) -> bool {
+        self.occupying().any(|g| g == index)
+    }
+
+    /// The GPUs of the job containers the agent reports as not yet gone (repeats possible).
+    fn occupying(&self) -> impl Iterator<Item = u32> + '_ {
+        self.runs
             .iter()
             .filter(|r| {
                 !matches!(
@@ -103,36 +115,23 @@ impl Node {
                 )
             })
             .flat_map(|r| r.gpus.iter().copied())
-            .collect();
-        gpus.sort_unstable();
-        gpus.dedup();
-        gpus
-    }
-
-    /// Whether a job container the agent reports still occupies GPU `index`.
-    pub fn occupies(&self, index: u32) -> bool {
-        self.runs.iter().any(|r| {
-            !matches!(
-                r.state,
-                JobRunState::Exited { .. } | JobRunState::FailedToStart { .. }
-            ) && r.gpus.contains(&index)
-        })
     }
 
     /// Whether the agent's last heartbeat reported GPU `index` unhealthy.
     pub fn reports_unhealthy(&self, index: u32) -> bool {
-        self.gpu_status
-            .iter()
-            .any(|s| s.index == index && !s.healthy)
+        self.unhealthy().any(|g| g == index)
     }
 
     /// GPUs the agent's last heartbeat reported unhealthy: never leased.
     pub fn unhealthy_gpus(&self) -> Vec<u32> {
+        self.unhealthy().collect()
+    }
+
+    fn unhealthy(&self) -> impl Iterator<Item = u32> + '_ {
         self.gpu_status
             .iter()
             .filter(|s| !s.healthy)
             .map(|s| s.index)
-            .collect()
     }
 
     pub(crate) fn record_phases(&mut self, phases: &[PhaseRecord]) {
