@@ -17,6 +17,7 @@ use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::config::ServicePolicy;
 use crate::core::Core;
+use crate::index::team;
 use crate::node::Node;
 
 /// The service's load, summed over its serving replicas.
@@ -476,7 +477,8 @@ impl Core {
         let mut usage: BTreeMap<String, f64> = BTreeMap::new();
         for j in running.iter().filter_map(|id| self.jobs.get(id)) {
             if !j.leases.is_empty() {
-                *usage.entry(team(j)).or_default() += f64::from(j.spec.gpus * j.spec.nodes);
+                *usage.entry(team(j).to_owned()).or_default() +=
+                    f64::from(j.spec.gpus * j.spec.nodes);
             }
         }
         let mut by_priority: BTreeMap<Reverse<i32>, BTreeMap<String, VecDeque<&crate::job::Job>>> =
@@ -485,7 +487,7 @@ impl Core {
             by_priority
                 .entry(Reverse(j.spec.priority))
                 .or_default()
-                .entry(team(j))
+                .entry(team(j).to_owned())
                 .or_default()
                 .push_back(j);
         }
@@ -526,10 +528,6 @@ impl Core {
 /// smoothed load leaves as it decays towards zero).
 fn replicas_for(need: f64) -> usize {
     (need - 0.01).ceil().max(0.0) as usize
-}
-
-fn team(j: &crate::job::Job) -> String {
-    crate::index::team(j).to_owned()
 }
 
 /// Lending's dry run of placement: the free GPUs of lent nodes (those with any), and the

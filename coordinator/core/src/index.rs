@@ -22,7 +22,6 @@ type QueueKey = (Reverse<i32>, UnixMillis, u64);
 struct Entry {
     /// Its place in the queue, while queued, with its back-off.
     queued: Option<(QueueKey, Option<UnixMillis>)>,
-    team: String,
     not_before: Option<UnixMillis>,
     /// GPUs it asks for, while unfinished.
     asked: u64,
@@ -80,7 +79,7 @@ impl JobIndex {
     fn add(&mut self, id: u64, e: &Entry) {
         if let Some((key, not_before)) = e.queued {
             self.queued.insert(key, not_before);
-            *self.queued_teams.entry(e.team.clone()).or_default() += 1;
+            *self.queued_teams.entry(e.team().to_owned()).or_default() += 1;
         }
         if let Some(at) = e.not_before {
             self.backoffs.insert((at, id));
@@ -93,10 +92,10 @@ impl JobIndex {
     fn remove(&mut self, id: u64, e: &Entry) {
         if let Some((key, _)) = e.queued {
             self.queued.remove(&key);
-            if let Some(n) = self.queued_teams.get_mut(&e.team) {
+            if let Some(n) = self.queued_teams.get_mut(e.team()) {
                 *n -= 1;
                 if *n == 0 {
-                    self.queued_teams.remove(&e.team);
+                    self.queued_teams.remove(e.team());
                 }
             }
         }
@@ -152,13 +151,16 @@ impl JobIndex {
 }
 
 impl Entry {
+    fn team(&self) -> &str {
+        team_of(self.owner.as_deref())
+    }
+
     fn of(job: &Job) -> Self {
         Self {
             queued: (job.state == JobState::Queued).then_some((
                 (Reverse(job.spec.priority), job.submitted_at, job.id),
                 job.not_before,
             )),
-            team: team(job).to_owned(),
             not_before: job.not_before,
             asked: if job.state.is_finished() {
                 0
@@ -172,7 +174,11 @@ impl Entry {
 
 /// A job's team: its owner, or `default`.
 pub(crate) fn team(j: &Job) -> &str {
-    j.spec.owner.as_deref().unwrap_or("default")
+    team_of(j.spec.owner.as_deref())
+}
+
+fn team_of(owner: Option<&str>) -> &str {
+    owner.unwrap_or("default")
 }
 
 #[cfg(test)]
