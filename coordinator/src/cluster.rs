@@ -237,12 +237,18 @@ impl Cluster {
             images = images.len(),
             "launched images queued for the store"
         );
-        let mut queue = lock(&self.queue);
-        queue.pending.push(Changes {
+        self.enqueue(Changes {
             images,
             ..Changes::default()
         });
+    }
+
+    /// Queues a batch of changes for the next commit; returns its sequence number.
+    fn enqueue(&self, changes: Changes) -> u64 {
+        let mut queue = lock(&self.queue);
+        queue.pending.push(changes);
         queue.staged += 1;
+        queue.staged
     }
 
     /// Notes where `node`'s agent answers.
@@ -340,10 +346,7 @@ impl Cluster {
                 }
             }
         }
-        let mut queue = lock(&self.queue);
-        queue.pending.push(changes);
-        queue.staged += 1;
-        let seq = queue.staged;
+        let seq = self.enqueue(changes);
         (result, Staged { seq, moved })
     }
 
