@@ -543,11 +543,8 @@ async fn coordinator(
         .text()
         .await?;
     let decisions = Decisions::parse(&metrics);
-    let placement_99_s = if seen.is_empty() {
-        0.0
-    } else {
-        seen[((seen.len() as f64 * 0.99).ceil() as usize).clamp(1, seen.len()) - 1] as f64 / 1e6
-    };
+    // `seen` is sorted microseconds, like the latencies.
+    let placement_99_s = percentile(&seen, 0.99) / 1_000.0;
     Ok(CoordinatorReport {
         agents,
         duration_s: elapsed,
