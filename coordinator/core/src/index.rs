@@ -20,8 +20,8 @@ type QueueKey = (Reverse<i32>, UnixMillis, u64);
 /// What one job contributes to the index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
-    /// Its place in the queue, while queued, with its back-off.
-    queued: Option<(QueueKey, Option<UnixMillis>)>,
+    /// Its place in the queue, while queued.
+    queued: Option<QueueKey>,
     not_before: Option<UnixMillis>,
     /// GPUs it asks for, while unfinished.
     asked: u64,
@@ -77,8 +77,8 @@ impl JobIndex {
     }
 
     fn add(&mut self, id: u64, e: &Entry) {
-        if let Some((key, not_before)) = e.queued {
-            self.queued.insert(key, not_before);
+        if let Some(key) = e.queued {
+            self.queued.insert(key, e.not_before);
             *self.queued_teams.entry(e.team().to_owned()).or_default() += 1;
         }
         if let Some(at) = e.not_before {
@@ -90,7 +90,7 @@ impl JobIndex {
     }
 
     fn remove(&mut self, id: u64, e: &Entry) {
-        if let Some((key, _)) = e.queued {
+        if let Some(key) = e.queued {
             self.queued.remove(&key);
             if let Some(n) = self.queued_teams.get_mut(e.team()) {
                 *n -= 1;
@@ -158,8 +158,9 @@ impl Entry {
     fn of(job: &Job) -> Self {
         Self {
             queued: (job.state == JobState::Queued).then_some((
-                (Reverse(job.spec.priority), job.submitted_at, job.id),
-                job.not_before,
+                Reverse(job.spec.priority),
+                job.submitted_at,
+                job.id,
             )),
             not_before: job.not_before,
             asked: if job.state.is_finished() {
