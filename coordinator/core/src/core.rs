@@ -226,11 +226,16 @@ impl Core {
         service: &str,
         gpus: Vec<GpuInfo>,
     ) -> Result<(), CoreError> {
-        self.register_at(now, node, service, gpus, None)
+        self.enroll(now, node, service, gpus, None)?;
+        self.decide(now);
+        Ok(())
     }
 
-    /// [`Core::register`], with the address other nodes reach this one at.
-    pub fn register_at(
+    /// [`Core::register`] without the decision, with the address other nodes reach this one
+    /// at: [`Core::decision_pending`] says a decision should follow. When a whole fleet
+    /// (re)starts, a shell decides once for many registrations instead of once each, which
+    /// would cost every registration a pass over every node already known.
+    pub fn enroll(
         &mut self,
         now: UnixMillis,
         node: &str,
@@ -261,7 +266,7 @@ impl Core {
         n.last_heartbeat = Some(now);
         n.address = address.unwrap_or_else(|| node.to_owned());
         self.effect(Effect::NodeChanged(node.to_owned()));
-        self.decide(now);
+        self.pending = true;
         Ok(())
     }
 

@@ -25,3 +25,30 @@ fn an_unchanged_report_leaves_nothing_to_decide_and_a_changed_one_waits_for_the_
     assert!(!c.core.decision_pending());
     assert_eq!(c.core.decided_at(), Some(c.now));
 }
+
+#[test]
+fn an_enrolled_node_waits_for_the_tick_to_be_decided_on() {
+    let mut c = Cluster::new(config(1), &[("a", 4)]);
+    c.run(5);
+    assert!(!c.core.decision_pending());
+    let decided = c.core.decided_at();
+
+    c.now += 1;
+    let newcomer = sim::SimAgent::new("b", 4);
+    c.core
+        .enroll(c.now, "b", "llm", newcomer.inventory(), None)
+        .unwrap();
+    assert!(c.core.node("b").is_some(), "the node is known at once");
+    assert!(c.core.decision_pending(), "a new node may change decisions");
+    assert_eq!(c.core.decided_at(), decided, "enrolling decides nothing");
+    c.core.tick(c.now);
+    assert!(!c.core.decision_pending());
+    assert_eq!(c.core.decided_at(), Some(c.now));
+
+    // `register` (enroll, then decide) decides at once.
+    c.now += 1;
+    c.core
+        .register(c.now, "b", "llm", newcomer.inventory())
+        .unwrap();
+    assert_eq!(c.core.decided_at(), Some(c.now));
+}

@@ -35,13 +35,14 @@ pub async fn register(
     }
     let reply = cluster
         .apply_async(|core, now| {
-            core.register_at(
+            core.enroll(
                 now,
                 &req.node,
                 &req.service,
                 req.gpus.clone(),
                 req.address.clone(),
             )?;
+            cluster.decide_if_due(core, now);
             let cfg = core.config();
             Ok(RegisterReply {
                 node: req.node.clone(),

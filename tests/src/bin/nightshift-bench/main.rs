@@ -117,6 +117,8 @@ struct CoordinatorReport {
     duration_s: f64,
     jobs_queued: u32,
     submit_per_s: f64,
+    /// Registrations per second (64 in flight), before the heartbeats start.
+    register_per_s: f64,
     heartbeats: u64,
     heartbeats_per_s: f64,
     offered_heartbeats_per_s: f64,
@@ -218,7 +220,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "agents {}  duration {:.1}s  queue {} jobs (submitted at {:.0}/s)\n\
+                    "agents {}  duration {:.1}s  queue {} jobs (submitted at {:.0}/s)  registered at {:.0}/s\n\
                      heartbeats {:.0}/s of {:.0}/s offered  p50 {:.2} ms  p99 {:.2} ms  max {:.1} ms  errors {}\n\
                      without each agent's first heartbeat: p50 {:.2} ms  p99 {:.2} ms\n\
                      placements {} ({:.1}/s; 99 % seen {:.1} s after the start)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
@@ -227,6 +229,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     report.duration_s,
                     report.jobs_queued,
                     report.submit_per_s,
+                    report.register_per_s,
                     report.heartbeats_per_s,
                     report.offered_heartbeats_per_s,
                     report.p50_ms,
@@ -446,7 +449,9 @@ async fn coordinator(
 
     // Registrations, 64 in flight.
     let register = format!("{}/v1/agents/register", c.url);
+    let started = Instant::now();
     post_each(&http, &register, agents, 64, register_request).await?;
+    let register_per_s = f64::from(agents) / started.elapsed().as_secs_f64();
 
     let shared = Arc::new(Shared {
         latencies_us: Mutex::new(Vec::new()),
@@ -550,6 +555,7 @@ async fn coordinator(
         duration_s: elapsed,
         jobs_queued: jobs,
         submit_per_s,
+        register_per_s,
         heartbeats: lat.len() as u64,
         heartbeats_per_s: lat.len() as f64 / elapsed,
         offered_heartbeats_per_s: f64::from(agents) / interval,
