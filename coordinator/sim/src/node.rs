@@ -3,11 +3,11 @@
 //! before jobs, jobs stopped before serving, fencing epochs honoured per GPU, service first
 //! when the coordinator is unreachable past the lease TTL).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use nightshift_common::{
-    DesiredNode, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, ReplicaState, ReplicaStatus,
-    ServingSignals, UnixMillis,
+    DesiredNode, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, LeaseGrant, ReplicaState,
+    ReplicaStatus, ServingSignals, UnixMillis,
 };
 
 use crate::backlog::SimJob;
@@ -161,33 +161,34 @@ impl SimNode {
         if self.crashed() {
             return;
         }
+        // Reconciling reads the desired state while it changes the runs: lend it out.
+        let desired = self.desired.take();
+        self.reconcile(ctx, desired.as_ref());
+        self.desired = desired;
+    }
+
+    fn reconcile(&mut self, ctx: &StepCtx<'_>, desired: Option<&DesiredNode>) {
         let now = ctx.now;
-        let ttl_ok = self
-            .desired
-            .as_ref()
-            .is_some_and(|d| now < self.last_renewed + d.lease_ttl_ms);
+        let ttl_ok = desired.is_some_and(|d| now < self.last_renewed + d.lease_ttl_ms);
         // Service first: past the lease TTL without the coordinator, serve with no jobs.
-        let (serve, leases) = match &self.desired {
-            Some(d) if ttl_ok || self.reachable() => {
-                let leases: Vec<_> = d
-                    .leases
-                    .iter()
-                    .filter(|l| {
-                        l.gpus
-                            .iter()
-                            .all(|g| self.fenced.get(g).is_none_or(|&e| l.epoch >= e))
-                    })
-                    .map(|l| (l.lease_id, l.epoch, l.job_id, l.attempt, l.gpus.clone()))
-                    .collect();
-                (d.serve, leases)
-            }
-            _ => (true, Vec::new()),
+        let (serve, grants): (bool, &[LeaseGrant]) = match desired {
+            Some(d) if ttl_ok || self.reachable() => (d.serve, &d.leases),
+            _ => (true, &[]),
         };
-        let leased: BTreeSet<u64> = leases.iter().map(|l| l.0).collect();
+        // The grants the agent honours: none under an epoch older than its GPUs have seen.
+        // (Read before this step fences anything: the runs it starts come from these.)
+        let fenced = &self.fenced;
+        let honoured = |l: &&LeaseGrant| {
+            l.gpus
+                .iter()
+                .all(|g| fenced.get(g).is_none_or(|&e| l.epoch >= e))
+        };
+        let leases = || grants.iter().filter(honoured);
+        let leased = |id: u64| leases().any(|l| l.lease_id == id);
 
         // Forget reported exits and never-started runs whose lease is gone.
         self.runs.retain(|r| {
-            leased.contains(&r.lease_id)
+            leased(r.lease_id)
                 || match r.state {
                     RunState::Pending => false,
                     RunState::Exited { .. } => !r.reported,
@@ -197,7 +198,7 @@ impl SimNode {
         // Signal the jobs that lost their lease.
         for r in &mut self.runs {
             if let RunState::Running { started_at } = r.state
-                && !leased.contains(&r.lease_id)
+                && !leased(r.lease_id)
             {
                 let save = ctx.lifecycle.checkpoint_save_s * 1_000;
                 r.state = RunState::Stopping {
@@ -209,7 +210,7 @@ impl SimNode {
         }
         let jobs_live = self.runs.iter().any(Run::live);
 
-        if serve && leases.is_empty() {
+        if serve && leases().next().is_none() {
             self.phase = match self.phase {
                 Phase::Serving | Phase::Draining { .. } => Phase::Serving,
                 Phase::Releasing { until } if now >= until => Phase::Released,
@@ -240,14 +241,14 @@ impl SimNode {
                 until: now + ctx.lifecycle.stop_s * 1_000,
             };
         }
-        for (lease_id, epoch, job_id, attempt, gpus) in leases {
-            if !self.runs.iter().any(|r| r.lease_id == lease_id) {
+        for l in leases() {
+            if !self.runs.iter().any(|r| r.lease_id == l.lease_id) {
                 self.runs.push(Run {
-                    lease_id,
-                    epoch,
-                    job_id,
-                    attempt,
-                    gpus,
+                    lease_id: l.lease_id,
+                    epoch: l.epoch,
+                    job_id: l.job_id,
+                    attempt: l.attempt,
+                    gpus: l.gpus.clone(),
                     state: RunState::Pending,
                     reported: false,
                 });
@@ -256,12 +257,8 @@ impl SimNode {
         if self.phase != Phase::Released {
             return;
         }
-        let mut busy: BTreeSet<u32> = self
-            .runs
-            .iter()
-            .filter(|r| r.live())
-            .flat_map(|r| r.gpus.iter().copied())
-            .collect();
+        // A host has a handful of GPUs: a short list, not a set.
+        let mut busy = self.busy_gpus();
         for r in &mut self.runs {
             if r.state == RunState::Pending && r.gpus.iter().all(|g| !busy.contains(g)) {
                 busy.extend(r.gpus.iter().copied());
@@ -271,6 +268,15 @@ impl SimNode {
                 r.state = RunState::Running { started_at: now };
             }
         }
+    }
+
+    /// GPUs that live job containers hold.
+    fn busy_gpus(&self) -> Vec<u32> {
+        self.runs
+            .iter()
+            .filter(|r| r.live())
+            .flat_map(|r| r.gpus.iter().copied())
+            .collect()
     }
 
     /// Jobs finish their work; signalled jobs exit when their checkpoint is saved.
@@ -312,12 +318,7 @@ impl SimNode {
     /// What the agent reports; marks exits as reported.
     pub fn heartbeat(&mut self) -> Heartbeat {
         let replica_busy = self.replica_holds_gpus();
-        let busy: BTreeSet<u32> = self
-            .runs
-            .iter()
-            .filter(|r| r.live())
-            .flat_map(|r| r.gpus.iter().copied())
-            .collect();
+        let busy = self.busy_gpus();
         let state = match self.phase {
             Phase::Serving => ReplicaState::Serving,
             Phase::Draining { .. } | Phase::Releasing { .. } => ReplicaState::Draining,
