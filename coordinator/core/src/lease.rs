@@ -158,7 +158,10 @@ impl LeaseTable {
     }
 
     /// The leases of `node`, by id.
-    pub(crate) fn on_node<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
+    pub(crate) fn on_node<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> impl Iterator<Item = &'a Lease> + Clone + 'a {
         self.by_node
             .get(node)
             .into_iter()
@@ -171,13 +174,11 @@ impl LeaseTable {
     }
 
     /// GPUs of `node` held by any lease, revoked or not.
-    pub(crate) fn held_gpus(&self, node: &str) -> Vec<u32> {
-        let mut gpus: Vec<u32> = self
-            .on_node(node)
-            .flat_map(|l| l.gpus.iter().copied())
-            .collect();
-        gpus.sort_unstable();
-        gpus
+    /// Whether a lease holds a GPU of `node`: the node is looked up once, each GPU asked
+    /// of its few leases without allocating.
+    pub(crate) fn held_on<'a>(&'a self, node: &'a str) -> impl Fn(u32) -> bool + 'a {
+        let on_node = self.on_node(node);
+        move |gpu| on_node.clone().any(|l| l.gpus.contains(&gpu))
     }
 
     pub(crate) fn next_expiry(&self) -> Option<UnixMillis> {
@@ -221,7 +222,8 @@ mod tests {
         let on = |t: &LeaseTable, node: &str| t.on_node(node).map(|l| l.id).collect::<Vec<_>>();
         assert_eq!(on(&t, "n1"), vec![a, c]);
         assert_eq!(on(&t, "n2"), vec![b]);
-        assert_eq!(t.held_gpus("n1"), vec![0, 2]);
+        let held = t.held_on("n1");
+        assert_eq!((0..4).filter(|&g| held(g)).collect::<Vec<_>>(), vec![0, 2]);
         assert_eq!(t.next_expiry(), Some(50));
         assert_eq!(t.expired(70), vec![b, c]);
         t.renew("n1", 60, 100);

@@ -166,11 +166,12 @@ impl Core {
     /// GPUs of `node` that no lease holds, no container occupies and the agent does not
     /// report unhealthy.
     pub(crate) fn free_gpus(&self, n: &Node) -> Vec<u32> {
-        let held = self.leases.held_gpus(&n.name);
+        // Empty for a node whose GPUs are all taken, the usual lent node: no allocation.
+        let held = self.leases.held_on(&n.name);
         n.gpus
             .iter()
             .map(|g| g.index)
-            .filter(|&i| !held.contains(&i) && !n.occupies(i) && !n.reports_unhealthy(i))
+            .filter(|&i| !held(i) && !n.occupies(i) && !n.reports_unhealthy(i))
             .collect()
     }
 
