@@ -336,7 +336,8 @@ impl Core {
             {
                 self.member_event(
                     now,
-                    &lease,
+                    lease.job,
+                    lease.id,
                     JobEvent::MemberLost {
                         lease: *id,
                         message,
@@ -348,7 +349,25 @@ impl Core {
         }
         self.leases.renew(node, now, self.config.lease_ttl_ms);
 
-        let node_leases: Vec<Lease> = self.leases.on_node(node).cloned().collect();
+        // What the loop reads of each lease, copied: the events below change the table.
+        struct Held {
+            id: u64,
+            epoch: u64,
+            job: u64,
+            revoked: bool,
+            granted_version: u64,
+        }
+        let node_leases: Vec<Held> = self
+            .leases
+            .on_node(node)
+            .map(|l| Held {
+                id: l.id,
+                epoch: l.epoch,
+                job: l.job,
+                revoked: l.revoked,
+                granted_version: l.granted_version,
+            })
+            .collect();
         for lease in node_leases {
             let run = runs
                 .iter()
@@ -396,7 +415,7 @@ impl Core {
                 None => None,
             };
             if let Some(event) = event {
-                self.member_event(now, &lease, event);
+                self.member_event(now, lease.job, lease.id, event);
             }
         }
         let quiet = !observed_change && self.changes == changes_before;
@@ -616,7 +635,12 @@ impl Core {
                 .get(&lease.job)
                 .is_some_and(|j| j.leases.contains(&id))
             {
-                self.member_event(now, &lease, JobEvent::MemberLost { lease: id, message });
+                self.member_event(
+                    now,
+                    lease.job,
+                    id,
+                    JobEvent::MemberLost { lease: id, message },
+                );
             } else {
                 self.release(now, id, true);
             }
@@ -627,13 +651,13 @@ impl Core {
 
     /// A report about one member of a job. A report that no longer fits the job (a late
     /// duplicate) changes nothing.
-    fn member_event(&mut self, now: UnixMillis, lease: &Lease, event: JobEvent) {
+    fn member_event(&mut self, now: UnixMillis, job: u64, lease: u64, event: JobEvent) {
         if self
             .jobs
-            .get(&lease.job)
-            .is_some_and(|j| j.leases.contains(&lease.id))
+            .get(&job)
+            .is_some_and(|j| j.leases.contains(&lease))
         {
-            let _ = self.job_event(now, lease.job, event);
+            let _ = self.job_event(now, job, event);
         }
     }
 
@@ -647,19 +671,26 @@ impl Core {
         event: JobEvent,
     ) -> Result<(), CoreError> {
         let job = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
-        let before = (job.state, job.leases.clone(), job.attempt);
-        let preemption = matches!(event, JobEvent::MemberLost { .. })
-            || matches!(before.0, JobState::Preempting);
+        let (state, leases, attempt) = (job.state, job.leases.clone(), job.attempt);
+        let preemption =
+            matches!(event, JobEvent::MemberLost { .. }) || matches!(state, JobState::Preempting);
         job.apply(now, event)?;
-        let (after_leases, stopping) = (job.leases.clone(), job.stopping());
-        let changed = before != (job.state, job.leases.clone(), job.attempt);
-        for lease in before.1.iter().filter(|l| !after_leases.contains(l)) {
-            self.release(now, *lease, preemption);
+        let changed = (state, &leases, attempt) != (job.state, &job.leases, job.attempt);
+        // Usually neither: a report that a running job still runs allocates nothing more.
+        let released: Vec<u64> = leases
+            .into_iter()
+            .filter(|l| !job.leases.contains(l))
+            .collect();
+        let revoked = if job.stopping() {
+            job.leases.clone()
+        } else {
+            Vec::new()
+        };
+        for lease in released {
+            self.release(now, lease, preemption);
         }
-        if stopping {
-            for lease in &after_leases {
-                self.revoke(*lease);
-            }
+        for lease in revoked {
+            self.revoke(lease);
         }
         if changed {
             self.effect(Effect::JobChanged(id));
