@@ -173,14 +173,6 @@ impl LeaseTable {
         self.leases.values()
     }
 
-    /// GPUs of `node` held by any lease, revoked or not.
-    /// Whether a lease holds a GPU of `node`: the node is looked up once, each GPU asked
-    /// of its few leases without allocating.
-    pub(crate) fn held_on<'a>(&'a self, node: &'a str) -> impl Fn(u32) -> bool + 'a {
-        let on_node = self.on_node(node);
-        move |gpu| on_node.clone().any(|l| l.gpus.contains(&gpu))
-    }
-
     pub(crate) fn next_expiry(&self) -> Option<UnixMillis> {
         self.by_expiry.first().map(|(at, _)| *at)
     }
@@ -222,8 +214,8 @@ mod tests {
         let on = |t: &LeaseTable, node: &str| t.on_node(node).map(|l| l.id).collect::<Vec<_>>();
         assert_eq!(on(&t, "n1"), vec![a, c]);
         assert_eq!(on(&t, "n2"), vec![b]);
-        let held = t.held_on("n1");
-        assert_eq!((0..4).filter(|&g| held(g)).collect::<Vec<_>>(), vec![0, 2]);
+        let held: Vec<u32> = t.on_node("n1").flat_map(|l| l.gpus.clone()).collect();
+        assert_eq!(held, vec![0, 2]);
         assert_eq!(t.next_expiry(), Some(50));
         assert_eq!(t.expired(70), vec![b, c]);
         t.renew("n1", 60, 100);

@@ -166,8 +166,13 @@ impl Core {
     /// GPUs of `node` that no lease holds, no container occupies and the agent does not
     /// report unhealthy.
     pub(crate) fn free_gpus(&self, n: &Node) -> Vec<u32> {
-        // Empty for a node whose GPUs are all taken, the usual lent node: no allocation.
-        let held = self.leases.held_on(&n.name);
+        // The usual lent node has every GPU leased: one pass over its leases tells (no two
+        // leases share a GPU, an invariant; were it broken, this would only place less).
+        let on_node = self.leases.on_node(&n.name);
+        if on_node.clone().map(|l| l.gpus.len()).sum::<usize>() >= n.gpus.len() {
+            return Vec::new();
+        }
+        let held = |i: u32| on_node.clone().any(|l| l.gpus.contains(&i));
         n.gpus
             .iter()
             .map(|g| g.index)
