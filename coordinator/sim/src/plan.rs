@@ -101,21 +101,39 @@ impl PlanController {
     }
 
     fn place(&mut self, _now: UnixMillis) {
+        if self.queue.is_empty() {
+            return;
+        }
+        // GPUs leased on each node (by its place in `nodes`), from one pass over the leases;
+        // no two leases share a GPU (the violations check), so a count tells what is free.
+        let mut held = vec![0usize; self.nodes.len()];
+        for l in self.leases.values() {
+            if let Ok(i) = self
+                .nodes
+                .binary_search_by(|(n, _)| n.as_str().cmp(&l.node))
+            {
+                held[i] += l.gpus.len();
+            }
+        }
         while let Some(&job) = self.queue.front() {
             let Some(need) = self.specs.get(&job).map(|(s, _)| s.gpus as usize) else {
                 self.queue.pop_front();
                 continue;
             };
+            // The lent node with the fewest free GPUs that fit (by name among equals).
             let best = self
                 .nodes
                 .iter()
-                .filter(|(n, _)| self.lent.get(n).copied().unwrap_or(false))
-                .map(|(n, g)| (self.free_gpus(n, *g), n.clone()))
-                .filter(|(free, _)| free.len() >= need)
-                .min_by_key(|(free, n)| (free.len(), n.clone()));
-            let Some((free, node)) = best else {
+                .enumerate()
+                .filter(|(_, (n, _))| self.lent.get(n).copied().unwrap_or(false))
+                .map(|(i, (n, g))| ((*g as usize).saturating_sub(held[i]), n, i))
+                .filter(|(free, _, _)| *free >= need)
+                .min_by_key(|(free, n, _)| (*free, *n));
+            let Some((_, node, i)) = best else {
                 break;
             };
+            let (node, free) = (node.clone(), self.free_gpus(node, self.nodes[i].1));
+            held[i] += need;
             self.queue.pop_front();
             let id = self.next_lease;
             self.next_lease += 1;
@@ -199,15 +217,15 @@ impl Controller for PlanController {
             0
         };
         let first_lent = self.nodes.len().saturating_sub(lend);
-        let names: Vec<String> = self.nodes.iter().map(|(n, _)| n.clone()).collect();
-        for (i, node) in names.iter().enumerate() {
+        for i in 0..self.nodes.len() {
             let want = i >= first_lent;
-            if self.lent.get(node).copied() != Some(want) {
-                self.lent.insert(node.clone(), want);
-                for l in self.leases.values_mut().filter(|l| &l.node == node) {
+            if self.lent.get(&self.nodes[i].0).copied() != Some(want) {
+                let node = self.nodes[i].0.clone();
+                for l in self.leases.values_mut().filter(|l| l.node == node) {
                     l.revoked = true;
                 }
-                self.bump(node);
+                self.bump(&node);
+                self.lent.insert(node, want);
             }
         }
         self.place(now);
