@@ -526,6 +526,11 @@ impl Cluster {
         lock(&self.versions).get(node).map(|tx| tx.subscribe())
     }
 
+    /// Queries the store alone, without holding up the core's callers.
+    pub fn query_store<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
+        f(&lock(&self.store))
+    }
+
     /// Reads the store (accounting queries).
     pub fn read_store<T>(&self, f: impl FnOnce(&Store, &Core, UnixMillis) -> T) -> T {
         let store = lock(&self.store);

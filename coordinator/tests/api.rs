@@ -218,6 +218,23 @@ async fn a_decision_reaches_a_long_polling_agent_at_once() {
     assert!(!desired.serve);
     assert_eq!(desired.leases.len(), 1);
     assert_eq!(desired.leases[0].gpus, vec![0, 1]);
+
+    // The GPU gauge finds the node's lease (through the per-node index).
+    let metrics = s
+        .http
+        .get(format!("{}/metrics", s.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "nightshift_gpus{state=\"lent\"} 2"),
+        "{metrics}"
+    );
 }
 
 fn run(

@@ -987,6 +987,16 @@ impl Core {
         self.leases.all()
     }
 
+    /// The leases on `node`, found through the table's per-node index.
+    pub fn leases_on<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
+        self.leases.on_node(node)
+    }
+
+    /// Each job's state and submission time, without building its view (for counts).
+    pub fn job_states(&self) -> impl Iterator<Item = (JobState, UnixMillis)> + '_ {
+        self.jobs.values().map(|j| (j.state, j.submitted_at))
+    }
+
     pub fn next_ids(&self) -> (u64, u64, u64) {
         (
             self.next_job_id,

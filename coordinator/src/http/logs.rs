@@ -39,7 +39,7 @@ pub async fn logs(
         Some(lease) => lease.node,
         None => {
             let last = cluster
-                .read_store(|store, _, _| store.last_node_of(id))
+                .query_store(|store| store.last_node_of(id))
                 .map_err(|e| {
                     HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None)
                 })?;

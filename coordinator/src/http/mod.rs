@@ -105,12 +105,17 @@ fn agent_routes() -> Router<Arc<Cluster>> {
 }
 
 async fn metrics(axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>) -> Response {
-    let text = cluster.read_store(|store, core, now| {
-        let harvested = store.harvested_gpu_ms().unwrap_or_else(|e| {
+    // The store's sum first, then the core: neither lock is held while the other is read.
+    let harvested = cluster.query_store(|store| {
+        store.harvested_gpu_ms().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "reading harvested gpu time failed");
             0
-        });
-        cluster.metrics.render(core, now, harvested)
+        })
+    });
+    let text = cluster.read_pipelines(|core, _| {
+        cluster
+            .metrics
+            .render(core, crate::cluster::now_ms(), harvested)
     });
     (
         [(

@@ -69,7 +69,7 @@ pub async fn rerun(
         .read_pipelines(|_, p| p.jobs_of(id))
         .ok_or_else(not_found)?;
     let images = cluster
-        .read_store(|store, _, _| store.image_ids(&jobs))
+        .query_store(|store| store.image_ids(&jobs))
         .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?;
     let new = cluster.apply_with_pipelines(|core, pipelines, now| {
         pipelines
@@ -95,7 +95,7 @@ fn with_images(cluster: &Cluster, mut view: PipelineRunView) -> PipelineRunView 
     if jobs.is_empty() {
         return view;
     }
-    match cluster.read_store(|store, _, _| store.image_ids(&jobs)) {
+    match cluster.query_store(|store| store.image_ids(&jobs)) {
         Ok(images) => {
             for n in &mut view.nodes {
                 n.image_id = n.jobs.last().and_then(|j| images.get(j)).cloned();
