@@ -98,6 +98,12 @@ enum Bench {
         /// tmpfs to take fsync out of the measurement.
         #[arg(long)]
         data_dir: Option<std::path::PathBuf>,
+        /// Also sample the coordinator's queue length through `/metrics` this often (ms; 0:
+        /// not at all), to time how fast the coordinator itself places the queue. Each scrape
+        /// is real work for the coordinator, so the latencies of such a run are not the
+        /// plain ones.
+        #[arg(long, default_value_t = 0)]
+        queue_sample_ms: u64,
     },
     /// The agent's CPU and RSS, sampled once a second while it serves.
     AgentFootprint {
@@ -137,6 +143,12 @@ struct CoordinatorReport {
     /// From the start of the heartbeats until the agents had seen 99 % of all placements:
     /// how long placing the queue took, as the agents saw it (to their heartbeat interval).
     placement_99_s: f64,
+    /// The coordinator's side of the same (with `--queue-sample-ms`): its
+    /// `nightshift_queue_length`, sampled that often, from the last sample with nothing placed
+    /// to the first with 99 % of the queue placed (seconds), and the jobs placed in between
+    /// per second.
+    queue_drain_s: Option<f64>,
+    queue_drain_per_s: Option<f64>,
     coordinator_cpu_cores: f64,
     coordinator_peak_rss_mib: f64,
     /// The coordinator's timed decisions (after heartbeats and by its ticker), from its
@@ -214,8 +226,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
             interval,
             job_beats,
             data_dir,
+            queue_sample_ms,
         } => {
-            let report = coordinator(agents, duration, jobs, interval, job_beats, data_dir).await?;
+            let report = coordinator(
+                agents,
+                duration,
+                jobs,
+                interval,
+                job_beats,
+                data_dir,
+                queue_sample_ms,
+            )
+            .await?;
             if args.output == Output::Json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -223,7 +245,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     "agents {}  duration {:.1}s  queue {} jobs (submitted at {:.0}/s)  registered at {:.0}/s\n\
                      heartbeats {:.0}/s of {:.0}/s offered  p50 {:.2} ms  p99 {:.2} ms  max {:.1} ms  errors {}\n\
                      without each agent's first heartbeat: p50 {:.2} ms  p99 {:.2} ms\n\
-                     placements {} ({:.1}/s; 99 % seen {:.1} s after the start)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
+                     placements {} ({:.1}/s; 99 % seen {:.1} s after the start; the coordinator's queue 99 % placed in {:?} s, {:?}/s)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
                      load generator cpu {:.2} cores  load average {:.1}",
                     report.agents,
                     report.duration_s,
@@ -241,6 +263,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     report.placements,
                     report.placements_per_s,
                     report.placement_99_s,
+                    report.queue_drain_s,
+                    report.queue_drain_per_s,
                     report.coordinator_cpu_cores,
                     report.coordinator_peak_rss_mib,
                     report.load_generator_cpu_cores,
@@ -433,6 +457,7 @@ async fn coordinator(
     interval: f64,
     job_beats: u32,
     data_dir: Option<std::path::PathBuf>,
+    queue_sample_ms: u64,
 ) -> anyhow::Result<CoordinatorReport> {
     let c = start_coordinator(data_dir).await?;
     // One kept-alive HTTP/1.1 connection per agent, as a real agent holds.
@@ -510,10 +535,35 @@ async fn coordinator(
             }
         }));
     }
+    let sampler = (queue_sample_ms > 0).then(|| {
+        let (http, url) = (http.clone(), format!("{}/metrics", c.url));
+        tokio::spawn(async move {
+            let mut samples: Vec<(f64, f64)> = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(queue_sample_ms));
+            while Instant::now() < end {
+                tick.tick().await;
+                let text = match http.get(&url).send().await {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(_) => continue,
+                };
+                if let Some(queued) = gauge(&text, "nightshift_queue_length") {
+                    samples.push((t0.elapsed().as_secs_f64(), queued));
+                }
+            }
+            samples
+        })
+    });
     for t in tasks {
         t.await?;
     }
     let elapsed = t0.elapsed().as_secs_f64();
+    let (queue_drain_s, queue_drain_per_s) = match sampler {
+        Some(s) => {
+            let (span, rate) = queue_drain(&s.await?, f64::from(jobs));
+            (Some(span), Some(rate))
+        }
+        None => (None, None),
+    };
     let cpu = c.cpu_s()? - cpu_before;
     let own_cpu = ProcStat::read(std::process::id())?.cpu_s - own_before.cpu_s;
     let load_average_1m = std::fs::read_to_string("/proc/loadavg")
@@ -566,6 +616,8 @@ async fn coordinator(
         steady_p99_ms: percentile(&steady, 0.99),
         p99_ms_by_second: by_second,
         placement_99_s,
+        queue_drain_s,
+        queue_drain_per_s,
         errors: shared.errors.load(Ordering::Relaxed),
         placements,
         placements_per_s: placements as f64 / elapsed,
@@ -659,6 +711,34 @@ fn percentile(sorted_us: &[u64], p: f64) -> f64 {
     sorted_us[i] as f64 / 1_000.0
 }
 
+/// A gauge's value in a `/metrics` text.
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// From `(seconds, queue length)` samples of a queue that started with `jobs`: the time from
+/// the last sample with nothing placed to the first with 99 % placed, and the jobs placed in
+/// between per second (zeros when the queue never got there).
+fn queue_drain(samples: &[(f64, f64)], jobs: f64) -> (f64, f64) {
+    let placed = |q: f64| jobs - q;
+    let Some(end) = samples.iter().position(|&(_, q)| placed(q) >= 0.99 * jobs) else {
+        return (0.0, 0.0);
+    };
+    let start = samples[..end]
+        .iter()
+        .rposition(|&(_, q)| placed(q) <= 0.0)
+        .unwrap_or(0);
+    let span = samples[end].0 - samples[start].0;
+    if span <= 0.0 {
+        return (0.0, 0.0);
+    }
+    (
+        span,
+        (placed(samples[end].1) - placed(samples[start].1)) / span,
+    )
+}
+
 /// The coordinator's decision-duration histogram, read from its `/metrics` text.
 #[derive(Debug, Default)]
 struct Decisions {
@@ -717,7 +797,26 @@ impl Decisions {
 
 #[cfg(test)]
 mod tests {
-    use super::Decisions;
+    use super::{Decisions, gauge, queue_drain};
+
+    #[test]
+    fn the_queue_drain_runs_from_the_last_empty_handed_sample_to_99_percent() {
+        let text = "# TYPE nightshift_queue_length gauge\nnightshift_queue_length 250\n";
+        assert_eq!(gauge(text, "nightshift_queue_length"), Some(250.0));
+        assert_eq!(gauge(text, "nightshift_queue"), None);
+        let samples = [
+            (0.0, 1_000.0),
+            (0.1, 1_000.0),
+            (0.2, 600.0),
+            (0.3, 100.0),
+            (0.4, 5.0),
+            (0.5, 0.0),
+        ];
+        let (span, rate) = queue_drain(&samples, 1_000.0);
+        assert!((span - 0.3).abs() < 1e-9, "{span}");
+        assert!((rate - 995.0 / 0.3).abs() < 1e-6, "{rate}");
+        assert_eq!(queue_drain(&samples[..3], 1_000.0), (0.0, 0.0));
+    }
 
     #[test]
     fn the_decision_histogram_is_read_from_the_exposition() {
