@@ -80,31 +80,7 @@ enum Output {
 #[derive(Debug, Subcommand)]
 enum Bench {
     /// Simulated agents heartbeating over HTTP to a real coordinator with a deep queue.
-    Coordinator {
-        #[arg(long, default_value_t = 100)]
-        agents: u32,
-        /// Seconds of heartbeating.
-        #[arg(long, default_value_t = 10)]
-        duration: u64,
-        #[arg(long, default_value_t = 10_000)]
-        jobs: u32,
-        /// Seconds between an agent's heartbeats.
-        #[arg(long, default_value_t = 1.0)]
-        interval: f64,
-        /// Heartbeats a job runs before its agent reports it finished (1: at the next one).
-        #[arg(long, default_value_t = 1)]
-        job_beats: u32,
-        /// The coordinator's data folder (a fresh temporary one by default); point it at a
-        /// tmpfs to take fsync out of the measurement.
-        #[arg(long)]
-        data_dir: Option<std::path::PathBuf>,
-        /// Also sample the coordinator's queue length through `/metrics` this often (ms; 0:
-        /// not at all), to time how fast the coordinator itself places the queue. Each scrape
-        /// is real work for the coordinator, so the latencies of such a run are not the
-        /// plain ones.
-        #[arg(long, default_value_t = 0)]
-        queue_sample_ms: u64,
-    },
+    Coordinator(CoordinatorRun),
     /// The agent's CPU and RSS, sampled once a second while it serves.
     AgentFootprint {
         #[arg(long, default_value_t = 60)]
@@ -115,6 +91,34 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         repeat: usize,
     },
+}
+
+/// What `nightshift-bench coordinator` runs.
+#[derive(Debug, clap::Args)]
+struct CoordinatorRun {
+    #[arg(long, default_value_t = 100)]
+    agents: u32,
+    /// Seconds of heartbeating.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    #[arg(long, default_value_t = 10_000)]
+    jobs: u32,
+    /// Seconds between an agent's heartbeats.
+    #[arg(long, default_value_t = 1.0)]
+    interval: f64,
+    /// Heartbeats a job runs before its agent reports it finished (1: at the next one).
+    #[arg(long, default_value_t = 1)]
+    job_beats: u32,
+    /// The coordinator's data folder (a fresh temporary one by default); point it at a
+    /// tmpfs to take fsync out of the measurement.
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
+    /// Also sample the coordinator's queue length through `/metrics` this often (ms; 0:
+    /// not at all), to time how fast the coordinator itself places the queue. Each scrape
+    /// is real work for the coordinator, so the latencies of such a run are not the
+    /// plain ones.
+    #[arg(long, default_value_t = 0)]
+    queue_sample_ms: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -219,25 +223,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Bench::Coordinator {
-            agents,
-            duration,
-            jobs,
-            interval,
-            job_beats,
-            data_dir,
-            queue_sample_ms,
-        } => {
-            let report = coordinator(
-                agents,
-                duration,
-                jobs,
-                interval,
-                job_beats,
-                data_dir,
-                queue_sample_ms,
-            )
-            .await?;
+        Bench::Coordinator(run) => {
+            let report = coordinator(run).await?;
             if args.output == Output::Json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -450,15 +437,16 @@ struct Shared {
     placements: Mutex<BTreeMap<u64, u64>>,
 }
 
-async fn coordinator(
-    agents: u32,
-    duration: u64,
-    jobs: u32,
-    interval: f64,
-    job_beats: u32,
-    data_dir: Option<std::path::PathBuf>,
-    queue_sample_ms: u64,
-) -> anyhow::Result<CoordinatorReport> {
+async fn coordinator(run: CoordinatorRun) -> anyhow::Result<CoordinatorReport> {
+    let CoordinatorRun {
+        agents,
+        duration,
+        jobs,
+        interval,
+        job_beats,
+        data_dir,
+        queue_sample_ms,
+    } = run;
     let c = start_coordinator(data_dir).await?;
     // One kept-alive HTTP/1.1 connection per agent, as a real agent holds.
     let http = reqwest::Client::builder()
