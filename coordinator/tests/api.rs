@@ -67,6 +67,11 @@ impl Server {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    async fn text(&self, path: &str) -> String {
+        let resp = self.http.get(format!("{}{path}", self.url)).send().await;
+        resp.unwrap().text().await.unwrap()
+    }
+
     async fn jobs(&self) -> JobList {
         self.http
             .get(format!("{}/v1/jobs", self.url))
@@ -220,15 +225,7 @@ async fn a_decision_reaches_a_long_polling_agent_at_once() {
     assert_eq!(desired.leases[0].gpus, vec![0, 1]);
 
     // The GPU gauge finds the node's lease (through the per-node index).
-    let metrics = s
-        .http
-        .get(format!("{}/metrics", s.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.text("/metrics").await;
     assert!(
         metrics
             .lines()
@@ -429,17 +426,13 @@ async fn metrics_and_service_discovery_show_the_serving_replica() {
         let (status, _) = s.post("/v1/agents/n1/heartbeat", beat.clone()).await;
         assert_eq!(status, 200);
     }
-    let get = |path: &str| {
-        let (http, url) = (s.http.clone(), format!("{}{path}", s.url));
-        async move { http.get(url).send().await.unwrap().text().await.unwrap() }
-    };
     let endpoints: Value =
-        serde_json::from_str(&get("/v1/services/default/endpoints").await).unwrap();
+        serde_json::from_str(&s.text("/v1/services/default/endpoints").await).unwrap();
     assert_eq!(
         endpoints,
         json!({"service": "default", "endpoints": [{"node": "n1", "url": "http://10.0.0.7:8000", "ready": true}]})
     );
-    let sd: Value = serde_json::from_str(&get("/v1/services/default/http_sd").await).unwrap();
+    let sd: Value = serde_json::from_str(&s.text("/v1/services/default/http_sd").await).unwrap();
     assert_eq!(
         sd,
         json!([{"targets": ["10.0.0.7:8000"], "labels": {"service": "default", "node": "n1"}}])
@@ -452,7 +445,7 @@ async fn metrics_and_service_discovery_show_the_serving_replica() {
         .unwrap();
     assert_eq!(missing.status(), 404);
 
-    let metrics = get("/metrics").await;
+    let metrics = s.text("/metrics").await;
     for line in [
         "nightshift_gpus{state=\"serving\"} 4",
         "nightshift_gpus{state=\"lent\"} 0",
@@ -475,7 +468,7 @@ async fn metrics_and_service_discovery_show_the_serving_replica() {
             .unwrap_or_else(|| panic!("no decision count in:\n{metrics}"))
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while decisions(&get("/metrics").await) == 0 {
+    while decisions(&s.text("/metrics").await) == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "no decision timed in 10 s"
