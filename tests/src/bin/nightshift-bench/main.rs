@@ -232,7 +232,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     "agents {}  duration {:.1}s  queue {} jobs (submitted at {:.0}/s)  registered at {:.0}/s\n\
                      heartbeats {:.0}/s of {:.0}/s offered  p50 {:.2} ms  p99 {:.2} ms  max {:.1} ms  errors {}\n\
                      without each agent's first heartbeat: p50 {:.2} ms  p99 {:.2} ms\n\
-                     placements {} ({:.1}/s; 99 % seen {:.1} s after the start; the coordinator's queue 99 % placed in {:?} s, {:?}/s)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
+                     placements {} ({:.1}/s; 99 % seen {:.1} s after the start; the coordinator's queue 99 % placed in {} s, {}/s)\ncoordinator cpu {:.2} cores  peak rss {:.1} MiB\n\
                      load generator cpu {:.2} cores  load average {:.1}",
                     report.agents,
                     report.duration_s,
@@ -250,8 +250,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     report.placements,
                     report.placements_per_s,
                     report.placement_99_s,
-                    report.queue_drain_s,
-                    report.queue_drain_per_s,
+                    shown(report.queue_drain_s, 2),
+                    shown(report.queue_drain_per_s, 0),
                     report.coordinator_cpu_cores,
                     report.coordinator_peak_rss_mib,
                     report.load_generator_cpu_cores,
@@ -545,13 +545,11 @@ async fn coordinator(run: CoordinatorRun) -> anyhow::Result<CoordinatorReport> {
         t.await?;
     }
     let elapsed = t0.elapsed().as_secs_f64();
-    let (queue_drain_s, queue_drain_per_s) = match sampler {
-        Some(s) => {
-            let (span, rate) = queue_drain(&s.await?, f64::from(jobs));
-            (Some(span), Some(rate))
-        }
-        None => (None, None),
+    let drain = match sampler {
+        Some(s) => queue_drain(&s.await?, f64::from(jobs)),
+        None => None,
     };
+    let (queue_drain_s, queue_drain_per_s) = (drain.map(|d| d.0), drain.map(|d| d.1));
     let cpu = c.cpu_s()? - cpu_before;
     let own_cpu = ProcStat::read(std::process::id())?.cpu_s - own_before.cpu_s;
     let load_average_1m = std::fs::read_to_string("/proc/loadavg")
@@ -699,6 +697,11 @@ fn percentile(sorted_us: &[u64], p: f64) -> f64 {
     sorted_us[i] as f64 / 1_000.0
 }
 
+/// A figure that may be missing, for the table.
+fn shown(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
+}
+
 /// A gauge's value in a `/metrics` text.
 fn gauge(text: &str, name: &str) -> Option<f64> {
     text.lines()
@@ -707,24 +710,20 @@ fn gauge(text: &str, name: &str) -> Option<f64> {
 
 /// From `(seconds, queue length)` samples of a queue that started with `jobs`: the time from
 /// the last sample with nothing placed to the first with 99 % placed, and the jobs placed in
-/// between per second (zeros when the queue never got there).
-fn queue_drain(samples: &[(f64, f64)], jobs: f64) -> (f64, f64) {
+/// between per second (`None` when the samples do not show the queue getting there).
+fn queue_drain(samples: &[(f64, f64)], jobs: f64) -> Option<(f64, f64)> {
     let placed = |q: f64| jobs - q;
-    let Some(end) = samples.iter().position(|&(_, q)| placed(q) >= 0.99 * jobs) else {
-        return (0.0, 0.0);
-    };
+    let end = samples
+        .iter()
+        .position(|&(_, q)| placed(q) >= 0.99 * jobs)?;
     let start = samples[..end]
         .iter()
-        .rposition(|&(_, q)| placed(q) <= 0.0)
-        .unwrap_or(0);
+        .rposition(|&(_, q)| placed(q) <= 0.0)?;
     let span = samples[end].0 - samples[start].0;
-    if span <= 0.0 {
-        return (0.0, 0.0);
-    }
-    (
+    Some((
         span,
         (placed(samples[end].1) - placed(samples[start].1)) / span,
-    )
+    ))
 }
 
 /// The coordinator's decision-duration histogram, read from its `/metrics` text.
@@ -800,10 +799,15 @@ mod tests {
             (0.4, 5.0),
             (0.5, 0.0),
         ];
-        let (span, rate) = queue_drain(&samples, 1_000.0);
+        let (span, rate) = queue_drain(&samples, 1_000.0).unwrap();
         assert!((span - 0.3).abs() < 1e-9, "{span}");
         assert!((rate - 995.0 / 0.3).abs() < 1e-6, "{rate}");
-        assert_eq!(queue_drain(&samples[..3], 1_000.0), (0.0, 0.0));
+        assert_eq!(queue_drain(&samples[..3], 1_000.0), None, "not yet 99 %");
+        assert_eq!(
+            queue_drain(&samples[3..], 1_000.0),
+            None,
+            "no sample before any"
+        );
     }
 
     #[test]
