@@ -126,13 +126,13 @@ impl PlanController {
                 .iter()
                 .enumerate()
                 .filter(|(_, (n, _))| self.lent.get(n).copied().unwrap_or(false))
-                .map(|(i, (n, g))| ((*g as usize).saturating_sub(held[i]), n, i))
-                .filter(|(free, _, _)| *free >= need)
-                .min_by_key(|(free, n, _)| (*free, *n));
-            let Some((_, node, i)) = best else {
+                .map(|(i, (n, g))| ((*g as usize).saturating_sub(held[i]), n, *g, i))
+                .filter(|(free, ..)| *free >= need)
+                .min_by_key(|(free, n, ..)| (*free, *n));
+            let Some((_, node, gpus, i)) = best else {
                 break;
             };
-            let (node, free) = (node.clone(), self.free_gpus(node, self.nodes[i].1));
+            let (node, free) = (node.clone(), self.free_gpus(node, gpus));
             held[i] += need;
             self.queue.pop_front();
             let id = self.next_lease;
