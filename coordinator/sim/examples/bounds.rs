@@ -1,0 +1,157 @@
+//! What any lending policy could reach on a trace, before simulating one: bounds on the
+//! harvest ratio from the minutes' need alone (docs/BENCHMARKS.md, "What bounds the harvest").
+//!
+//! `cargo run --release -p nightshift-sim --example bounds -- servegen:DIR [DAYS]`
+//!
+//! Every bound below is generous to the policy: lending and taking back are free and
+//! instant apart from the reclaim lead, jobs waste nothing, and a rule's parameters may be
+//! chosen with hindsight. Figures are ratios to `oracle_gpu_hours`, as `harvest_ratio` is.
+//!
+//! - **foresight**: the need of every coming minute is known exactly, but a node taken back
+//!   serves only a reclaim lead later (the job's checkpoint save plus the replica's start),
+//!   so each minute holds the highest need of the lead that follows it.
+//! - **rule K+h**: a causal rule that sees the need up to one lead ago and holds the highest
+//!   need of its last K minutes plus h spare replicas; for each K, the smallest h with no
+//!   minute short over the whole run (the SLO target), and what it lends.
+//! - per day, the best rule K+h chosen with hindsight for that day alone, and the largest
+//!   rise of the need within one lead: what a policy that cannot see it coming must already
+//!   hold.
+
+use nightshift_sim::{SimConfig, Trace, arrivals, baseline, scale_factor};
+
+const RULE_WINDOWS_MIN: [usize; 5] = [1, 5, 10, 30, 60];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let source = args.first().ok_or("usage: bounds KIND:PATH [DAYS]")?;
+    let days: f64 = args.get(1).map_or(Ok(14.0), |d| d.parse())?;
+    let cfg = SimConfig {
+        days,
+        ..SimConfig::default()
+    };
+    let trace = Trace::load(source)?;
+    let scale = scale_factor(&trace, &cfg)?;
+    let arrivals = arrivals::per_second(&trace, scale, cfg.horizon_s(), cfg.seed);
+    let need = baseline::need_per_minute(&arrivals, &cfg.replica, cfg.min_replicas);
+    let lead_s = cfg.lifecycle.checkpoint_save_s + cfg.lifecycle.start_s();
+    let lead = lead_s.div_ceil(60) as usize;
+    let bounds = Bounds {
+        need: &need,
+        nodes: cfg.nodes,
+        lead,
+    };
+    println!(
+        "{} minutes, {} nodes, reclaim lead {lead_s} s ({lead} min)",
+        need.len(),
+        cfg.nodes
+    );
+    let all = 0..need.len();
+    println!(
+        "foresight (exact need, real reclaim lead): {:.4}",
+        bounds.foresight(all.clone())
+    );
+    let peaks: Vec<(usize, Vec<u32>)> = RULE_WINDOWS_MIN
+        .iter()
+        .map(|&k| (k, bounds.seen_peaks(k)))
+        .collect();
+    for (k, p) in &peaks {
+        if let Some((h, ratio)) = bounds.cheapest_safe_rule(p, all.clone()) {
+            println!(
+                "rule K={k:>2} min: h = {h:>2} spare replicas keep every minute, ratio {ratio:.4}"
+            );
+        }
+    }
+    println!("day  oracle GPU-h  foresight  best rule with hindsight  largest rise in one lead");
+    let mut best_lent = 0.0;
+    for start in (0..need.len()).step_by(1_440) {
+        let day = start..(start + 1_440).min(need.len());
+        let oracle = bounds.oracle(day.clone());
+        let best = peaks
+            .iter()
+            .filter_map(|(k, p)| {
+                let (h, r) = bounds.cheapest_safe_rule(p, day.clone())?;
+                Some((r, *k, h))
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((r, k, h)) = best else { continue };
+        best_lent += r * oracle;
+        println!(
+            "{:>3}  {:>12.1}  {:>9.4}  {r:.4} (K={k}, h={h}){:>18}",
+            start / 1_440 + 1,
+            oracle * f64::from(cfg.gpus_per_node) / 60.0,
+            bounds.foresight(day.clone()),
+            bounds.largest_rise(day),
+        );
+    }
+    println!(
+        "each day's best rule, chosen with hindsight, over the whole run: {:.4}",
+        best_lent / bounds.oracle(all)
+    );
+    Ok(())
+}
+
+struct Bounds<'a> {
+    need: &'a [u32],
+    nodes: u32,
+    /// Minutes from taking a node back to its replica serving.
+    lead: usize,
+}
+
+type Minutes = std::ops::Range<usize>;
+
+impl Bounds<'_> {
+    /// Node-minutes lent over `minutes` when `held(m)` replicas serve in minute `m`, each
+    /// minute at most what the oracle lends.
+    fn lent(&self, minutes: Minutes, held: impl Fn(usize) -> u32) -> f64 {
+        minutes
+            .map(|m| f64::from(self.nodes.saturating_sub(held(m).max(self.need[m]))))
+            .sum()
+    }
+
+    fn oracle(&self, minutes: Minutes) -> f64 {
+        self.lent(minutes, |_| 0)
+    }
+
+    /// The highest need from minute `from` to `to`, both included and clipped to the run.
+    fn peak(&self, from: usize, to: usize) -> u32 {
+        let to = to.min(self.need.len() - 1);
+        self.need[from..=to].iter().copied().max().unwrap_or(0)
+    }
+
+    /// Each minute holds the highest need of the lead that follows it.
+    fn foresight(&self, minutes: Minutes) -> f64 {
+        self.lent(minutes.clone(), |m| self.peak(m, m + self.lead)) / self.oracle(minutes)
+    }
+
+    /// Rule K+h before its `h`: the highest need of minutes `m-lead-k+1 ..= m-lead` for each
+    /// minute `m`, or the whole fleet until the rule has seen a minute.
+    fn seen_peaks(&self, k: usize) -> Vec<u32> {
+        (0..self.need.len())
+            .map(|m| match m.checked_sub(self.lead) {
+                Some(seen) => self.peak((seen + 1).saturating_sub(k), seen),
+                None => self.nodes,
+            })
+            .collect()
+    }
+
+    /// The smallest `h` with no minute of `minutes` short under rule K+h, and its ratio.
+    fn cheapest_safe_rule(&self, peaks: &[u32], minutes: Minutes) -> Option<(u32, f64)> {
+        let held = |h: u32| move |m: usize| (peaks[m] + h).min(self.nodes);
+        (0..=self.nodes).find_map(|h| {
+            let short = minutes.clone().any(|m| held(h)(m) < self.need[m]);
+            (!short).then(|| {
+                let ratio = self.lent(minutes.clone(), held(h)) / self.oracle(minutes.clone());
+                (h, ratio)
+            })
+        })
+    }
+
+    /// The largest rise of the need within one lead over `minutes`: from a minute to the
+    /// highest of the lead after it.
+    fn largest_rise(&self, minutes: Minutes) -> u32 {
+        minutes
+            .map(|m| self.peak(m, m + self.lead).saturating_sub(self.need[m]))
+            .max()
+            .unwrap_or(0)
+    }
+}
