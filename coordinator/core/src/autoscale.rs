@@ -395,7 +395,6 @@ impl Core {
             return Vec::new();
         }
         let ttl = self.config.lease_ttl_ms;
-        let healthy = |n: &Node| n.gpus.len().saturating_sub(n.unhealthy_gpus().len());
         let mut candidates: Vec<&Node> = self
             .nodes
             .values()
@@ -404,7 +403,7 @@ impl Core {
                     && n.mode == NodeMode::Serve
                     && n.replica_serving()
                     && n.reachable(now, ttl)
-                    && n.occupied_gpus().is_empty()
+                    && !n.occupies_any()
             })
             .collect();
         if candidates.is_empty() {
@@ -413,7 +412,7 @@ impl Core {
         // Lend the nodes with the fewest GPUs that fit, to keep big nodes for big jobs (a
         // stable sort: by name among equals, the map's order).
         candidates.sort_by_key(|n| n.gpus.len());
-        let healthy: Vec<usize> = candidates.iter().map(|n| healthy(n)).collect();
+        let healthy: Vec<usize> = candidates.iter().map(|n| n.healthy_gpus()).collect();
         // Free GPUs per lent node, then per node chosen to lend; jobs are packed first fit.
         // A node with none free can take no job, so it is left out.
         let free: Vec<usize> = self
@@ -428,6 +427,7 @@ impl Core {
             chosen: Vec::new(),
             taken: vec![false; candidates.len()],
             untaken_from: 0,
+            open_from: 0,
         };
         for id in self.queue(now) {
             if packing.chosen.len() >= spare {
@@ -539,6 +539,8 @@ struct Packing {
     taken: Vec<bool>,
     /// Every candidate before this one is taken.
     untaken_from: usize,
+    /// Every entry of `free` before this one is full (none free).
+    open_from: usize,
 }
 
 impl Packing {
@@ -548,7 +550,8 @@ impl Packing {
     fn place(&mut self, gpus: usize, nodes: usize, healthy: &[usize], spare: usize) -> bool {
         let mut used: Vec<usize> = Vec::new();
         while used.len() < nodes {
-            let fits = (0..self.free.len()).find(|i| self.free[*i] >= gpus && !used.contains(i));
+            let fits = (self.open_from..self.free.len())
+                .find(|i| self.free[*i] >= gpus && !used.contains(i));
             let slot = match fits {
                 Some(i) => i,
                 None => {
@@ -573,9 +576,9 @@ impl Packing {
             self.free[slot] -= gpus;
             used.push(slot);
         }
-        // Nodes filled up can take nothing more; keeping the others' order keeps first fit.
-        if used.iter().any(|&i| self.free[i] == 0) {
-            self.free.retain(|&f| f > 0);
+        // Nodes filled up can take nothing more: the first fit skips those in front.
+        while self.free.get(self.open_from) == Some(&0) {
+            self.open_from += 1;
         }
         true
     }

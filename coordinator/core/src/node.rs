@@ -99,6 +99,11 @@ impl Node {
         gpus
     }
 
+    /// Whether any job container the agent reports still occupies a GPU.
+    pub fn occupies_any(&self) -> bool {
+        self.occupying().next().is_some()
+    }
+
     /// Whether a job container the agent reports still occupies GPU `index`.
     pub fn occupies(&self, index: u32) -> bool {
         self.occupying().any(|g| g == index)
@@ -122,9 +127,10 @@ impl Node {
         self.unhealthy().any(|g| g == index)
     }
 
-    /// GPUs the agent's last heartbeat reported unhealthy: never leased.
-    pub fn unhealthy_gpus(&self) -> Vec<u32> {
-        self.unhealthy().collect()
+    /// How many GPUs the agent may be leased: those its last heartbeat did not report
+    /// unhealthy.
+    pub fn healthy_gpus(&self) -> usize {
+        self.gpus.len().saturating_sub(self.unhealthy().count())
     }
 
     fn unhealthy(&self) -> impl Iterator<Item = u32> + '_ {
