@@ -6,99 +6,96 @@
 //! (packing, so that whole nodes stay free for big jobs). When the head of the queue does not
 //! fit, the nodes it would use next are reserved for it and later jobs backfill the rest.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::core::Core;
 use crate::node::Node;
 
-/// The free GPUs of every reachable lent node that has any, by name, and the same nodes
-/// ordered by how many GPUs they have free, kept up to date while one round of placement
-/// grants leases: a job's placement is a range query, not a sort of every lent node.
+/// The free GPUs of every reachable lent node that has any, in name order, and the same
+/// nodes ordered by how many GPUs they have free, kept up to date while one round of
+/// placement grants leases: a job's placement is a range query, not a sort of every lent
+/// node. Nodes are known by their position in name order, so that ordering among equals by
+/// position is ordering by name, and no name is compared or copied until a job is placed.
 struct Capacity {
-    free: BTreeMap<String, Vec<u32>>,
-    /// `(free GPUs, name)` of every node in `free`.
-    by_free: BTreeSet<(usize, String)>,
+    names: Vec<String>,
+    free: Vec<Vec<u32>>,
+    /// `(free GPUs, position)` of every node.
+    by_free: BTreeSet<(usize, usize)>,
+    /// Nodes kept for a job at the head of the queue that does not fit yet.
+    reserved: Vec<bool>,
 }
 
 impl Capacity {
-    fn new(free: BTreeMap<String, Vec<u32>>) -> Self {
-        let by_free = free
-            .iter()
-            .map(|(name, gpus)| (gpus.len(), name.clone()))
-            .collect();
-        Self { free, by_free }
+    /// `nodes` in name order, each with its free GPUs, lowest index first.
+    fn new(nodes: Vec<(String, Vec<u32>)>) -> Self {
+        let (names, free): (Vec<String>, Vec<Vec<u32>>) = nodes.into_iter().unzip();
+        let by_free = free.iter().map(Vec::len).zip(0..).collect();
+        let reserved = vec![false; names.len()];
+        Self {
+            names,
+            free,
+            by_free,
+            reserved,
+        }
     }
 
     /// Unreserved nodes with at least one free GPU.
-    fn any_free(&self, reserved: &BTreeSet<String>) -> bool {
+    fn any_free(&self) -> bool {
         self.by_free
-            .iter()
-            .any(|(n, name)| *n > 0 && !reserved.contains(name))
+            .range((1, 0)..)
+            .any(|&(_, i)| !self.reserved[i])
     }
 
     /// `count` distinct unreserved nodes with `gpus` free GPUs each (fewest free first).
-    fn find_placement(
-        &self,
-        gpus: usize,
-        count: usize,
-        reserved: &BTreeSet<String>,
-    ) -> Option<Vec<(String, Vec<u32>)>> {
-        let fits: Vec<&String> = self
+    fn find_placement(&self, gpus: usize, count: usize) -> Option<Vec<usize>> {
+        let fits: Vec<usize> = self
             .by_free
-            .range((gpus, String::new())..)
-            .map(|(_, name)| name)
-            .filter(|name| !reserved.contains(*name))
+            .range((gpus, 0)..)
+            .map(|&(_, i)| i)
+            .filter(|&i| !self.reserved[i])
             .take(count)
             .collect();
-        if fits.len() < count {
-            return None;
-        }
-        Some(
-            fits.into_iter()
-                .map(|name| {
-                    (
-                        name.clone(),
-                        self.free[name].iter().copied().take(gpus).collect(),
-                    )
-                })
-                .collect(),
-        )
+        (fits.len() == count).then_some(fits)
     }
 
     /// Keeps the nodes with the most free GPUs for a job that does not fit yet (among
     /// equals, by name).
-    fn reserve(&self, nodes: usize, reserved: &mut BTreeSet<String>) {
-        let mut keep: Vec<String> = Vec::new();
+    fn reserve(&mut self, nodes: usize) {
+        let mut keep: Vec<usize> = Vec::new();
         let mut below = usize::MAX;
         while keep.len() < nodes {
             // The next lower count of free GPUs, then its nodes in name order.
-            let Some((count, _)) = self.by_free.range(..(below, String::new())).next_back() else {
+            let Some(&(count, _)) = self.by_free.range(..(below, 0)).next_back() else {
                 break;
             };
-            let count = *count;
             keep.extend(
                 self.by_free
-                    .range((count, String::new())..(count + 1, String::new()))
-                    .map(|(_, name)| name)
-                    .filter(|name| !reserved.contains(*name))
-                    .take(nodes - keep.len())
-                    .cloned(),
+                    .range((count, 0)..(count + 1, 0))
+                    .map(|&(_, i)| i)
+                    .filter(|&i| !self.reserved[i])
+                    .take(nodes - keep.len()),
             );
             below = count;
         }
-        reserved.extend(keep);
+        for i in keep {
+            self.reserved[i] = true;
+        }
     }
 
-    fn take(&mut self, placements: &[(String, Vec<u32>)]) {
-        for (node, gpus) in placements {
-            if let Some(free) = self.free.get_mut(node) {
-                self.by_free.remove(&(free.len(), node.clone()));
-                free.retain(|g| !gpus.contains(g));
-                self.by_free.insert((free.len(), node.clone()));
-            }
-        }
+    /// Takes the lowest `gpus` free GPUs of each node in `nodes`: the grant's placements.
+    fn take(&mut self, nodes: &[usize], gpus: usize) -> Vec<(String, Vec<u32>)> {
+        nodes
+            .iter()
+            .map(|&i| {
+                let free = &mut self.free[i];
+                self.by_free.remove(&(free.len(), i));
+                let taken: Vec<u32> = free.drain(..gpus.min(free.len())).collect();
+                self.by_free.insert((free.len(), i));
+                (self.names[i].clone(), taken)
+            })
+            .collect()
     }
 }
 
@@ -122,14 +119,13 @@ impl Core {
                 })
                 .collect(),
         );
-        let mut reserved: BTreeSet<String> = BTreeSet::new();
         // Every job asks for at least one GPU: with none free, the queue need not be ordered.
-        if !capacity.any_free(&reserved) {
+        if !capacity.any_free() {
             return false;
         }
         let mut placed = 0;
         for job in self.queue(now) {
-            if !capacity.any_free(&reserved) {
+            if !capacity.any_free() {
                 break;
             }
             if placed >= self.config.max_placements_per_decision {
@@ -142,14 +138,14 @@ impl Core {
             else {
                 continue;
             };
-            match capacity.find_placement(gpus, nodes, &reserved) {
-                Some(placements) => {
-                    capacity.take(&placements);
+            match capacity.find_placement(gpus, nodes) {
+                Some(fits) => {
+                    let placements = capacity.take(&fits, gpus);
                     self.grant(now, job, placements);
                     placed += 1;
                 }
                 // Keep the nodes with the most free GPUs for this job; others may backfill.
-                None => capacity.reserve(nodes, &mut reserved),
+                None => capacity.reserve(nodes),
             }
         }
         false
