@@ -1,12 +1,13 @@
 //! Times the core's decisions at fleet scale, without HTTP or a store: how long lending a
 //! fleet and placing a deep queue take, decision by decision.
 //!
-//! `cargo run --release -p nightshift-core --example decide -- [NODES] [JOBS]`
+//! `cargo run --release -p nightshift-core --example decide -- [NODES] [JOBS] [PER_DECISION]`
 //!
 //! `NODES` idle serving nodes of 4 GPUs (one service, `min_replicas = 1`, no scale-down
 //! window or cooldown: the coordinator bench's settings) and `JOBS` queued one-GPU jobs. The
 //! first decision lends the nodes the queue needs; each lent node then reports its replica
-//! stopped, and decisions follow until the queue is placed. Prints each phase's decisions:
+//! stopped, and decisions follow until the queue is placed, each placing at most
+//! `PER_DECISION` jobs (`max_placements_per_decision`, 256 by default). Prints each phase's decisions:
 //! count, total and longest time, and placements per second of deciding.
 
 use std::time::{Duration, Instant};
@@ -27,6 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     let nodes = args.first().copied().unwrap_or(10_000);
     let jobs = args.get(1).copied().unwrap_or(10_000);
+    let defaults = CoreConfig::default();
+    let max_placements_per_decision = args
+        .get(2)
+        .copied()
+        .unwrap_or(defaults.max_placements_per_decision);
     let mut core = Core::new(CoreConfig {
         services: vec![ServicePolicy {
             name: "llm".into(),
@@ -38,7 +44,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
             ..ServicePolicy::default()
         }],
-        ..CoreConfig::default()
+        max_placements_per_decision,
+        ..defaults
     });
     let mut now = T0;
     for i in 0..jobs {
