@@ -395,6 +395,19 @@ impl Core {
             return Vec::new();
         }
         let ttl = self.config.lease_ttl_ms;
+        // Free GPUs per lent node, then per node chosen to lend; jobs are packed first fit.
+        // A node with none free can take no job, so it is left out.
+        let free: Vec<usize> = self
+            .lent_free(now)
+            .into_iter()
+            .map(|(_, free)| free.len())
+            .collect();
+        let queue = self.queue(now);
+        // While a deep queue is being placed, what lent nodes have free usually takes all of
+        // it: then no serving node is needed, nor looked at.
+        if self.pack(&queue, Packing::new(free.clone(), 0), &[], 0).1 {
+            return Vec::new();
+        }
         let mut candidates: Vec<&Node> = self
             .nodes
             .values()
@@ -413,50 +426,54 @@ impl Core {
         // stable sort: by name among equals, the map's order).
         candidates.sort_by_key(|n| n.gpus.len());
         let healthy: Vec<usize> = candidates.iter().map(|n| n.healthy_gpus()).collect();
-        // Free GPUs per lent node, then per node chosen to lend; jobs are packed first fit.
-        // A node with none free can take no job, so it is left out.
-        let free: Vec<usize> = self
-            .nodes
-            .values()
-            .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
-            .map(|n| self.free_gpus(n).len())
-            .filter(|&f| f > 0)
-            .collect();
-        let mut packing = Packing {
-            free,
-            chosen: Vec::new(),
-            taken: vec![false; candidates.len()],
-            untaken_from: 0,
-            open_from: 0,
-        };
-        for id in self.queue(now) {
-            if packing.chosen.len() >= spare {
-                break;
+        let (packing, _) = self.pack(
+            &queue,
+            Packing::new(free, candidates.len()),
+            &healthy,
+            spare,
+        );
+        packing
+            .chosen
+            .into_iter()
+            .map(|i| candidates[i].name.clone())
+            .collect()
+    }
+
+    /// Packs `queue`'s jobs in order onto `packing`, choosing candidates (of `healthy` GPUs
+    /// each, at most `spare`; with `spare == 0`, none) for what does not fit. Stops at the
+    /// first job that cannot be placed, or once `spare` candidates are chosen; says whether
+    /// every job was placed.
+    fn pack(
+        &self,
+        queue: &[u64],
+        mut packing: Packing,
+        healthy: &[usize],
+        spare: usize,
+    ) -> (Packing, bool) {
+        for id in queue {
+            if spare > 0 && packing.chosen.len() >= spare {
+                return (packing, false);
             }
-            let Some(job) = self.jobs.get(&id) else {
+            let Some(job) = self.jobs.get(id) else {
                 continue;
             };
             let (gpus, nodes) = (job.spec.gpus as usize, job.spec.nodes as usize);
             let placed = if nodes <= 1 {
-                packing.place(gpus, 1, &healthy, spare)
+                packing.place(gpus, 1, healthy, spare)
             } else {
                 // A gang is placed whole or not at all: try it on a copy.
                 let mut trial = packing.clone();
-                let placed = trial.place(gpus, nodes, &healthy, spare);
+                let placed = trial.place(gpus, nodes, healthy, spare);
                 if placed {
                     packing = trial;
                 }
                 placed
             };
             if !placed {
-                break;
+                return (packing, false);
             }
         }
-        packing
-            .chosen
-            .into_iter()
-            .map(|i| candidates[i].name.clone())
-            .collect()
+        (packing, true)
     }
 
     /// Queued jobs that may run now, in the order they run: higher priority first; within a
@@ -544,6 +561,17 @@ struct Packing {
 }
 
 impl Packing {
+    /// Lent nodes' `free` GPUs, and `candidates` serving nodes none of which is chosen yet.
+    fn new(free: Vec<usize>, candidates: usize) -> Self {
+        Self {
+            free,
+            chosen: Vec::new(),
+            taken: vec![false; candidates],
+            untaken_from: 0,
+            open_from: 0,
+        }
+    }
+
     /// Places `nodes` members of `gpus` GPUs each on distinct nodes, first fit, choosing a
     /// further candidate (with enough healthy GPUs; no more than `spare` in all) for a member
     /// that fits nowhere. On failure the packing is left part-way: gangs are tried on a copy.

@@ -6,11 +6,13 @@
 //! (packing, so that whole nodes stay free for big jobs). When the head of the queue does not
 //! fit, the nodes it would use next are reserved for it and later jobs backfill the rest.
 
+use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::core::Core;
+use crate::lease::Lease;
 use crate::node::Node;
 
 /// The free GPUs of every reachable lent node that has any, in name order, and the same
@@ -111,12 +113,9 @@ impl Core {
         // what others get: only nodes with a free GPU enter (usually none, once lent nodes
         // are busy), so a decision with nothing to place allocates nothing per node.
         let mut capacity = Capacity::new(
-            self.lent_nodes(now)
+            self.lent_free(now)
                 .into_iter()
-                .filter_map(|n| {
-                    let free = self.free_gpus(n);
-                    (!free.is_empty()).then(|| (n.name.clone(), free))
-                })
+                .map(|(n, free)| (n.name.clone(), free))
                 .collect(),
         );
         // Every job asks for at least one GPU: with none free, the queue need not be ordered.
@@ -151,20 +150,44 @@ impl Core {
         false
     }
 
-    fn lent_nodes(&self, now: UnixMillis) -> Vec<&Node> {
+    /// Every reachable lent node with a GPU free, and those GPUs, in name order. One walk
+    /// of the nodes beside the lease table's per-node index, in name order too, so that no
+    /// node is looked up by its name: with thousands of nodes lent, those lookups were most
+    /// of a decision's cost.
+    pub(crate) fn lent_free(&self, now: UnixMillis) -> Vec<(&Node, Vec<u32>)> {
         let ttl = self.config.lease_ttl_ms;
-        self.nodes
-            .values()
-            .filter(|n| n.mode == NodeMode::Lend && n.reachable(now, ttl))
-            .collect()
+        let mut held = self.leases.by_node().peekable();
+        let mut lent = Vec::new();
+        for n in self.nodes.values() {
+            let mut ids = None;
+            while let Some((node, set)) = held.peek() {
+                match (*node).cmp(n.name.as_str()) {
+                    Ordering::Less => {}
+                    Ordering::Equal => ids = Some(*set),
+                    Ordering::Greater => break,
+                }
+                held.next();
+            }
+            if n.mode != NodeMode::Lend || !n.reachable(now, ttl) {
+                continue;
+            }
+            let free = self.free_among(n, self.leases.of(ids));
+            if !free.is_empty() {
+                lent.push((n, free));
+            }
+        }
+        lent
     }
 
-    /// GPUs of `node` that no lease holds, no container occupies and the agent does not
-    /// report unhealthy.
-    pub(crate) fn free_gpus(&self, n: &Node) -> Vec<u32> {
+    /// GPUs of `n` that none of its leases (`on_node`) holds, no container occupies and the
+    /// agent does not report unhealthy.
+    fn free_among<'a>(
+        &self,
+        n: &Node,
+        on_node: impl Iterator<Item = &'a Lease> + Clone,
+    ) -> Vec<u32> {
         // The usual lent node has every GPU leased: one pass over its leases tells (no two
         // leases share a GPU, an invariant; were it broken, this would only place less).
-        let on_node = self.leases.on_node(&n.name);
         if on_node.clone().map(|l| l.gpus.len()).sum::<usize>() >= n.gpus.len() {
             return Vec::new();
         }
