@@ -7,8 +7,9 @@
 //! window or cooldown: the coordinator bench's settings) and `JOBS` queued one-GPU jobs. The
 //! first decision lends the nodes the queue needs; each lent node then reports its replica
 //! stopped, and decisions follow until the queue is placed, each placing at most
-//! `PER_DECISION` jobs (`max_placements_per_decision`, 256 by default). Prints each phase's decisions:
-//! count, total and longest time, and placements per second of deciding.
+//! `PER_DECISION` jobs (`max_placements_per_decision`, the core's default if not given).
+//! Prints each phase's decisions: count, total and longest time, and placements per second
+//! of deciding.
 
 use std::time::{Duration, Instant};
 
