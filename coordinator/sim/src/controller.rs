@@ -4,7 +4,7 @@
 //! types, so the simulated agents cannot tell them apart.
 
 use nightshift_common::{DesiredNode, GpuInfo, Heartbeat, JobSpec, JobState, UnixMillis};
-use nightshift_core::{Core, CoreConfig, CoreSnapshot};
+use nightshift_core::{Core, CoreConfig, CoreSnapshot, Effect};
 
 /// The service every simulated node belongs to.
 pub const SERVICE: &str = "llm";
@@ -17,8 +17,11 @@ pub trait Controller {
     fn submit(&mut self, now: UnixMillis, spec: JobSpec) -> Result<u64, String>;
     /// Time passes; called every simulated second.
     fn tick(&mut self, now: UnixMillis);
-    /// The version of the node's desired state, cheap to ask each second.
+    /// The version of the node's desired state.
     fn version(&self, node: &str) -> Option<u64>;
+    /// The nodes whose desired state may have moved since the last call, as the
+    /// coordinator's shell learns from the core's effects whom to wake (repeats possible).
+    fn moved(&mut self) -> Vec<String>;
     fn desired(&self, node: &str) -> Option<DesiredNode>;
     /// Violations of the invariants the controller can check, when its state changed since
     /// the last call.
@@ -49,6 +52,8 @@ pub struct CoreController {
     core: Core,
     config: CoreConfig,
     changed: bool,
+    /// Nodes whose record changed since [`Controller::moved`] last asked.
+    moved: Vec<String>,
     pub forecast: Box<dyn Forecast>,
 }
 
@@ -58,6 +63,7 @@ impl CoreController {
             core: Core::new(config.clone()),
             config,
             changed: true,
+            moved: Vec::new(),
             forecast,
         }
     }
@@ -66,9 +72,17 @@ impl CoreController {
         &self.core
     }
 
+    /// Every change of a node's desired version comes with a `NodeChanged` effect, which is
+    /// what the coordinator's shell publishes to the agents' long-polls.
     fn note_effects(&mut self) {
-        if !self.core.poll_effects().is_empty() {
+        let effects = self.core.poll_effects();
+        if !effects.is_empty() {
             self.changed = true;
+        }
+        for effect in effects {
+            if let Effect::NodeChanged(node) = effect {
+                self.moved.push(node);
+            }
         }
     }
 
@@ -131,6 +145,10 @@ impl Controller for CoreController {
 
     fn version(&self, node: &str) -> Option<u64> {
         self.core.node(node).map(|n| n.desired_version)
+    }
+
+    fn moved(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.moved)
     }
 
     fn desired(&self, node: &str) -> Option<DesiredNode> {

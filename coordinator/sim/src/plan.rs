@@ -54,9 +54,13 @@ pub struct PlanController {
     /// Trace time 0 in the simulation's clock.
     origin: UnixMillis,
     lease_ttl_ms: u64,
+    /// Registered nodes and their GPU counts, in name order.
     nodes: Vec<(String, u32)>,
+    /// Whether each node (by its place in `nodes`) is lent.
+    lent: Vec<bool>,
     versions: BTreeMap<String, u64>,
-    lent: BTreeMap<String, bool>,
+    /// Nodes whose version moved since [`Controller::moved`] last asked.
+    moved: Vec<String>,
     specs: BTreeMap<u64, (JobSpec, u32)>,
     queue: VecDeque<u64>,
     leases: BTreeMap<u64, PlanLease>,
@@ -73,7 +77,8 @@ impl PlanController {
             lease_ttl_ms,
             nodes: Vec::new(),
             versions: BTreeMap::new(),
-            lent: BTreeMap::new(),
+            moved: Vec::new(),
+            lent: Vec::new(),
             specs: BTreeMap::new(),
             queue: VecDeque::new(),
             leases: BTreeMap::new(),
@@ -83,9 +88,15 @@ impl PlanController {
         }
     }
 
+    /// Where `node` is in `nodes`, or where it would go.
+    fn position(&self, node: &str) -> Result<usize, usize> {
+        self.nodes.binary_search_by(|(n, _)| n.as_str().cmp(node))
+    }
+
     fn bump(&mut self, node: &str) {
         if let Some(v) = self.versions.get_mut(node) {
             *v += 1;
+            self.moved.push(node.to_owned());
         }
         self.changed = true;
     }
@@ -101,17 +112,14 @@ impl PlanController {
     }
 
     fn place(&mut self, _now: UnixMillis) {
-        if self.queue.is_empty() {
+        if self.queue.is_empty() || !self.lent.contains(&true) {
             return;
         }
         // GPUs leased on each node (by its place in `nodes`), from one pass over the leases;
         // no two leases share a GPU (the violations check), so a count tells what is free.
         let mut held = vec![0usize; self.nodes.len()];
         for l in self.leases.values() {
-            if let Ok(i) = self
-                .nodes
-                .binary_search_by(|(n, _)| n.as_str().cmp(&l.node))
-            {
+            if let Ok(i) = self.position(&l.node) {
                 held[i] += l.gpus.len();
             }
         }
@@ -125,7 +133,7 @@ impl PlanController {
                 .nodes
                 .iter()
                 .enumerate()
-                .filter(|(_, (n, _))| self.lent.get(n).copied().unwrap_or(false))
+                .filter(|(i, _)| self.lent[*i])
                 .map(|(i, (n, g))| ((*g as usize).saturating_sub(held[i]), n, *g, i))
                 .filter(|(free, ..)| *free >= need)
                 .min_by_key(|(free, n, ..)| (*free, *n));
@@ -158,11 +166,11 @@ impl PlanController {
 
 impl Controller for PlanController {
     fn register(&mut self, _now: UnixMillis, node: &str, gpus: Vec<GpuInfo>) -> Result<(), String> {
-        if !self.nodes.iter().any(|(n, _)| n == node) {
-            self.nodes.push((node.to_owned(), gpus.len() as u32));
-            self.nodes.sort();
+        if let Err(at) = self.position(node) {
+            self.nodes.insert(at, (node.to_owned(), gpus.len() as u32));
+            self.lent.insert(at, false);
             self.versions.insert(node.to_owned(), 1);
-            self.lent.insert(node.to_owned(), false);
+            self.moved.push(node.to_owned());
         }
         Ok(())
     }
@@ -219,13 +227,13 @@ impl Controller for PlanController {
         let first_lent = self.nodes.len().saturating_sub(lend);
         for i in 0..self.nodes.len() {
             let want = i >= first_lent;
-            if self.lent.get(&self.nodes[i].0).copied() != Some(want) {
+            if self.lent[i] != want {
                 let node = self.nodes[i].0.clone();
                 for l in self.leases.values_mut().filter(|l| l.node == node) {
                     l.revoked = true;
                 }
                 self.bump(&node);
-                self.lent.insert(node, want);
+                self.lent[i] = want;
             }
         }
         self.place(now);
@@ -233,6 +241,10 @@ impl Controller for PlanController {
 
     fn version(&self, node: &str) -> Option<u64> {
         self.versions.get(node).copied()
+    }
+
+    fn moved(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.moved)
     }
 
     fn desired(&self, node: &str) -> Option<DesiredNode> {
@@ -256,7 +268,7 @@ impl Controller for PlanController {
             .collect();
         Some(DesiredNode {
             version,
-            serve: !self.lent.get(node).copied().unwrap_or(false),
+            serve: !self.position(node).is_ok_and(|i| self.lent[i]),
             leases,
             lease_ttl_ms: self.lease_ttl_ms,
         })

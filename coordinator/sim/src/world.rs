@@ -41,7 +41,11 @@ pub struct World<'a> {
     need: &'a [u32],
     faults: &'a [Fault],
     controller: Box<dyn Controller + 'a>,
+    /// Hosts in name order.
     nodes: Vec<SimNode>,
+    /// Per host: its desired state may have moved since it last fetched it (the long-poll
+    /// woke). A host that cannot reach the coordinator fetches once it can again.
+    woken: Vec<bool>,
     jobs: BTreeMap<u64, SimJob>,
     backlog: Backlog,
     out: Outcome,
@@ -81,6 +85,7 @@ impl<'a> World<'a> {
             need,
             faults,
             controller,
+            woken: vec![false; nodes.len()],
             nodes,
             jobs: BTreeMap::new(),
             backlog: Backlog::new(cfg.mix.clone(), cfg.seed),
@@ -189,8 +194,17 @@ impl<'a> World<'a> {
     /// Each host fetches a changed desired state (the long-poll) and acts for one second.
     fn act(&mut self, now: UnixMillis) {
         let drain_ms = (self.cfg.replica.latency_s() * 1_000.0) as u64;
-        for n in &mut self.nodes {
-            if n.reachable() {
+        for node in self.controller.moved() {
+            if let Ok(i) = self
+                .nodes
+                .binary_search_by(|n| n.name.as_str().cmp(node.as_str()))
+            {
+                self.woken[i] = true;
+            }
+        }
+        for (n, woken) in self.nodes.iter_mut().zip(&mut self.woken) {
+            if *woken && n.reachable() {
+                *woken = false;
                 let v = self.controller.version(&n.name);
                 if v.is_some() && v != n.desired.as_ref().map(|d| d.version) {
                     n.desired = self.controller.desired(&n.name);
