@@ -387,21 +387,25 @@ impl SimNode {
     /// One owner per GPU on the host itself: no job runs while the replica holds the GPUs,
     /// and no two live jobs share one.
     pub fn check_owners(&self) -> Result<(), String> {
-        // A host has a handful of GPUs: a short list beats a map, and allocates only when
-        // jobs run.
-        let mut seen: Vec<(u32, u64)> = Vec::new();
-        for r in self.runs.iter().filter(|r| r.live()) {
+        // A host has a handful of GPUs: each live job's GPUs are checked against the ones
+        // before it, with nothing to allocate.
+        let live = || self.runs.iter().filter(|r| r.live());
+        for (k, r) in live().enumerate() {
             if self.replica_holds_gpus() {
                 return Err(format!(
                     "node {}: job {} runs while the replica holds the gpus ({:?})",
                     self.name, r.job_id, self.phase
                 ));
             }
-            for g in &r.gpus {
-                if let Some(&(_, other)) = seen.iter().find(|(seen_gpu, _)| seen_gpu == g) {
+            for (j, g) in r.gpus.iter().enumerate() {
+                let earlier = live()
+                    .take(k)
+                    .find(|o| o.gpus.contains(g))
+                    .or_else(|| r.gpus[..j].contains(g).then_some(r));
+                if let Some(other) = earlier {
                     return Err(format!(
-                        "node {} gpu {g}: leases {other} and {}",
-                        self.name, r.lease_id
+                        "node {} gpu {g}: leases {} and {}",
+                        self.name, other.lease_id, r.lease_id
                     ));
                 }
                 if self.fenced.get(g).is_some_and(|&e| r.epoch < e) {
@@ -410,7 +414,6 @@ impl SimNode {
                         self.name, r.lease_id, r.epoch
                     ));
                 }
-                seen.push((*g, r.lease_id));
             }
         }
         Ok(())
@@ -434,5 +437,80 @@ impl SimNode {
                 ledger.truncate(job, &r.gpus, started, now);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lease_id: u64, epoch: u64, gpus: &[u32], state: RunState) -> Run {
+        Run {
+            lease_id,
+            epoch,
+            job_id: lease_id,
+            attempt: 1,
+            gpus: gpus.to_vec(),
+            state,
+            reported: false,
+        }
+    }
+
+    const RUNNING: RunState = RunState::Running { started_at: 0 };
+
+    fn host(phase: Phase, runs: Vec<Run>) -> SimNode {
+        let mut n = SimNode::new("node-000", 4, 0);
+        n.phase = phase;
+        n.runs = runs;
+        n
+    }
+
+    #[test]
+    fn one_owner_per_gpu_holds_for_disjoint_jobs() {
+        let n = host(
+            Phase::Released,
+            vec![run(1, 1, &[0, 1], RUNNING), run(2, 2, &[2], RUNNING)],
+        );
+        assert_eq!(n.check_owners(), Ok(()));
+    }
+
+    #[test]
+    fn a_shared_gpu_names_both_leases() {
+        let exited = RunState::Exited {
+            exit_code: 0,
+            by_agent: false,
+        };
+        // An exited container owns nothing; the two live ones share GPU 1.
+        let n = host(
+            Phase::Released,
+            vec![
+                run(7, 1, &[1], exited),
+                run(1, 2, &[0, 1], RUNNING),
+                run(2, 3, &[2, 1], RUNNING),
+            ],
+        );
+        assert_eq!(
+            n.check_owners(),
+            Err("node node-000 gpu 1: leases 1 and 2".to_owned())
+        );
+        let twice = host(Phase::Released, vec![run(3, 1, &[2, 2], RUNNING)]);
+        assert_eq!(
+            twice.check_owners(),
+            Err("node node-000 gpu 2: leases 3 and 3".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_job_under_the_replica_or_a_stale_epoch_is_reported() {
+        let serving = host(Phase::Serving, vec![run(1, 1, &[0], RUNNING)]);
+        assert!(
+            serving
+                .check_owners()
+                .unwrap_err()
+                .contains("replica holds")
+        );
+        let mut fenced = host(Phase::Released, vec![run(1, 4, &[0], RUNNING)]);
+        fenced.fenced.insert(0, 5);
+        assert!(fenced.check_owners().unwrap_err().contains("stale epoch 4"));
     }
 }
