@@ -84,6 +84,13 @@ pub struct SimNode {
     pub fenced: BTreeMap<u32, u64>,
     /// What the fleet last measured on this replica (per ready replica).
     pub signals: ServingSignals,
+    /// Stepping the host changes nothing before then, unless something it reads changes
+    /// first, which [`SimNode::poke`]s it: `None` when its next step must run.
+    quiet_until: Option<UnixMillis>,
+    /// The last step ran (it was not quiet).
+    pub stepped: bool,
+    /// The last one-owner check of this host found nothing wrong.
+    pub owners_ok: bool,
 }
 
 /// The world a node acts in during one step.
@@ -108,7 +115,16 @@ impl SimNode {
             outage: None,
             fenced: BTreeMap::new(),
             signals: ServingSignals::default(),
+            quiet_until: None,
+            stepped: false,
+            owners_ok: false,
         }
+    }
+
+    /// Something the host's step reads from outside changed (its desired state, a
+    /// heartbeat's answer, an outage, a job's progress elsewhere): its next step runs.
+    pub fn poke(&mut self) {
+        self.quiet_until = None;
     }
 
     pub fn inventory(&self) -> Vec<GpuInfo> {
@@ -156,19 +172,61 @@ impl SimNode {
     }
 
     /// One second of the host: containers progress, then the agent reconciles (unless down).
-    pub fn step(&mut self, ctx: &mut StepCtx<'_>) {
-        self.progress_jobs(ctx);
-        if self.crashed() {
-            return;
+    /// Returns whether a job's progress was settled (which other hosts' runs of the same job
+    /// read).
+    ///
+    /// A step that changes nothing is a fixed point: until a time it compares against comes
+    /// (a phase's or a container's end, a finished job's exit, the lease TTL) or something
+    /// it reads changes (a poke), the next steps would change nothing either, so they are
+    /// skipped. The output is the same as stepping every second, only cheaper.
+    pub fn step(&mut self, ctx: &mut StepCtx<'_>) -> bool {
+        self.stepped = self.quiet_until.is_none_or(|t| ctx.now >= t);
+        if !self.stepped {
+            return false;
         }
-        // Reconciling reads the desired state while it changes the runs: lend it out.
-        let desired = self.desired.take();
-        self.reconcile(ctx, desired.as_ref());
-        self.desired = desired;
+        let (phase, runs) = (self.phase, self.runs.len());
+        let mut changed = self.progress_jobs(ctx);
+        let settled = changed;
+        if !self.crashed() {
+            // Reconciling reads the desired state while it changes the runs: lend it out.
+            let desired = self.desired.take();
+            changed |= self.reconcile(ctx, desired.as_ref());
+            self.desired = desired;
+        }
+        changed |= self.phase != phase || self.runs.len() != runs;
+        self.quiet_until = (!changed).then(|| self.next_due(ctx));
+        settled
     }
 
-    fn reconcile(&mut self, ctx: &StepCtx<'_>, desired: Option<&DesiredNode>) {
+    /// The first time a comparison of this host's step against the clock can turn.
+    fn next_due(&self, ctx: &StepCtx<'_>) -> UnixMillis {
+        let phase = match self.phase {
+            Phase::Draining { until } | Phase::Releasing { until } | Phase::Starting { until } => {
+                until
+            }
+            Phase::Serving | Phase::Released => UnixMillis::MAX,
+        };
+        let runs = self.runs.iter().map(|r| match r.state {
+            RunState::Running { started_at } => {
+                ctx.jobs.get(&r.job_id).map_or(UnixMillis::MAX, |job| {
+                    started_at + job.startup_ms + job.remaining_ms()
+                })
+            }
+            RunState::Stopping { until, .. } => until,
+            RunState::Pending | RunState::Exited { .. } => UnixMillis::MAX,
+        });
+        let ttl = self
+            .desired
+            .as_ref()
+            .map_or(UnixMillis::MAX, |d| self.last_renewed + d.lease_ttl_ms);
+        runs.fold(phase.min(ttl), UnixMillis::min)
+    }
+
+    /// Returns whether it changed a run's state or added one (the phase and the number of
+    /// runs the caller compares itself).
+    fn reconcile(&mut self, ctx: &StepCtx<'_>, desired: Option<&DesiredNode>) -> bool {
         let now = ctx.now;
+        let mut changed = false;
         let ttl_ok = desired.is_some_and(|d| now < self.last_renewed + d.lease_ttl_ms);
         // Service first: past the lease TTL without the coordinator, serve with no jobs.
         let (serve, grants): (bool, &[LeaseGrant]) = match desired {
@@ -187,6 +245,7 @@ impl SimNode {
         let leased = |id: u64| leases().any(|l| l.lease_id == id);
 
         // Forget reported exits and never-started runs whose lease is gone.
+        let runs = self.runs.len();
         self.runs.retain(|r| {
             leased(r.lease_id)
                 || match r.state {
@@ -195,6 +254,7 @@ impl SimNode {
                     _ => true,
                 }
         });
+        changed |= self.runs.len() != runs;
         // Signal the jobs that lost their lease.
         for r in &mut self.runs {
             if let RunState::Running { started_at } = r.state
@@ -206,6 +266,7 @@ impl SimNode {
                     signalled_at: now,
                     until: now + save.max(1_000),
                 };
+                changed = true;
             }
         }
         let jobs_live = self.runs.iter().any(Run::live);
@@ -222,7 +283,7 @@ impl SimNode {
                 Phase::Starting { until } if now >= until => Phase::Serving,
                 p @ Phase::Starting { .. } => p,
             };
-            return;
+            return changed;
         }
         self.phase = match self.phase {
             Phase::Serving => Phase::Draining {
@@ -252,10 +313,11 @@ impl SimNode {
                     state: RunState::Pending,
                     reported: false,
                 });
+                changed = true;
             }
         }
         if self.phase != Phase::Released {
-            return;
+            return changed;
         }
         // A host has a handful of GPUs: a short list, not a set.
         let mut busy = self.busy_gpus();
@@ -266,8 +328,10 @@ impl SimNode {
                     self.fenced.insert(*g, r.epoch);
                 }
                 r.state = RunState::Running { started_at: now };
+                changed = true;
             }
         }
+        changed
     }
 
     /// GPUs that live job containers hold.
@@ -279,9 +343,11 @@ impl SimNode {
             .collect()
     }
 
-    /// Jobs finish their work; signalled jobs exit when their checkpoint is saved.
-    fn progress_jobs(&mut self, ctx: &mut StepCtx<'_>) {
+    /// Jobs finish their work; signalled jobs exit when their checkpoint is saved. Returns
+    /// whether any did.
+    fn progress_jobs(&mut self, ctx: &mut StepCtx<'_>) -> bool {
         let now = ctx.now;
+        let mut exited = false;
         for r in &mut self.runs {
             let Some(job) = ctx.jobs.get_mut(&r.job_id) else {
                 continue;
@@ -296,6 +362,7 @@ impl SimNode {
                         by_agent: false,
                     };
                     r.reported = false;
+                    exited = true;
                 }
                 RunState::Stopping {
                     started_at,
@@ -309,10 +376,12 @@ impl SimNode {
                         by_agent: true,
                     };
                     r.reported = false;
+                    exited = true;
                 }
                 _ => {}
             }
         }
+        exited
     }
 
     /// What the agent reports; marks exits as reported.

@@ -138,6 +138,7 @@ impl<'a> World<'a> {
                     n.outage = Some(Outage::Crashed {
                         until: now + lc.agent_restart_s * 1_000,
                     });
+                    n.poke();
                 }
             }
             FaultKind::Partition => {
@@ -145,6 +146,7 @@ impl<'a> World<'a> {
                     n.outage = Some(Outage::Partitioned {
                         until: now + lc.partition_s * 1_000,
                     });
+                    n.poke();
                 }
             }
         }
@@ -152,7 +154,12 @@ impl<'a> World<'a> {
 
     fn heal(&mut self, now: UnixMillis) {
         for i in 0..self.nodes.len() {
-            if self.nodes[i].heal(now) {
+            let outage = self.nodes[i].outage;
+            let registers = self.nodes[i].heal(now);
+            if self.nodes[i].outage != outage {
+                self.nodes[i].poke();
+            }
+            if registers {
                 let (name, inv) = (self.nodes[i].name.clone(), self.nodes[i].inventory());
                 if let Err(e) = self.controller.register(now, &name, inv) {
                     self.record(now, vec![format!("register {name}: {e}")]);
@@ -194,6 +201,7 @@ impl<'a> World<'a> {
     /// Each host fetches a changed desired state (the long-poll) and acts for one second.
     fn act(&mut self, now: UnixMillis) {
         let drain_ms = (self.cfg.replica.latency_s() * 1_000.0) as u64;
+        let mut settled = false;
         for node in self.controller.moved() {
             if let Ok(i) = self
                 .nodes
@@ -208,6 +216,7 @@ impl<'a> World<'a> {
                 let v = self.controller.version(&n.name);
                 if v.is_some() && v != n.desired.as_ref().map(|d| d.version) {
                     n.desired = self.controller.desired(&n.name);
+                    n.poke();
                 }
             }
             let mut ctx = StepCtx {
@@ -217,7 +226,12 @@ impl<'a> World<'a> {
                 jobs: &mut self.jobs,
                 ledger: &mut self.out.ledger,
             };
-            n.step(&mut ctx);
+            settled |= n.step(&mut ctx);
+        }
+        // A job's progress is what other hosts' runs of it (a container left running on a
+        // partitioned host) compare against.
+        if settled {
+            self.nodes.iter_mut().for_each(SimNode::poke);
         }
     }
 
@@ -229,6 +243,8 @@ impl<'a> World<'a> {
                 continue;
             }
             let beat = n.heartbeat();
+            // Exits are now reported, and an answer renews the leases.
+            n.poke();
             match self.controller.heartbeat(now, &n.name, beat) {
                 Ok(()) => n.last_renewed = now,
                 Err(e) => {
@@ -265,8 +281,16 @@ impl<'a> World<'a> {
 
     fn check(&mut self, now: UnixMillis) {
         let mut found = self.controller.violations();
-        for n in &self.nodes {
-            if let Err(e) = n.check_owners() {
+        // A host that did not step is as it was when last checked, and every violation found
+        // then was recorded: one found again is recorded again, as stepping every second
+        // would.
+        for n in &mut self.nodes {
+            if !n.stepped && n.owners_ok {
+                continue;
+            }
+            let checked = n.check_owners();
+            n.owners_ok = checked.is_ok();
+            if let Err(e) = checked {
                 found.push(e);
             }
         }
