@@ -14,8 +14,7 @@
 use std::time::{Duration, Instant};
 
 use nightshift_common::{
-    CheckpointPolicy, GpuInfo, GpuStatus, Heartbeat, JobSpec, ReplicaState, ReplicaStatus,
-    RetryPolicy, ServingSignals,
+    GpuInfo, GpuStatus, Heartbeat, JobSpec, ReplicaState, ReplicaStatus, ServingSignals,
 };
 use nightshift_core::{Core, CoreConfig, ScaleDown, ServicePolicy};
 
@@ -50,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let mut now = T0;
     for i in 0..jobs {
-        core.submit(now, spec(i))?;
+        core.submit(now, JobSpec::new(format!("job-{i}"), "trainer:1", 1))?;
     }
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
     for name in &names {
@@ -107,26 +106,6 @@ fn timed(core: &mut Core, now: u64) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1_000.0
-}
-
-fn spec(i: usize) -> JobSpec {
-    JobSpec {
-        name: format!("job-{i}"),
-        image: "trainer:1".into(),
-        command: vec![],
-        args: vec![],
-        env: vec![],
-        gpus: 1,
-        nodes: 1,
-        priority: 0,
-        owner: None,
-        checkpoint: CheckpointPolicy::default(),
-        retry: RetryPolicy::default(),
-        capture: Default::default(),
-        files: Vec::new(),
-        sandbox: Default::default(),
-        max_run_seconds: None,
-    }
 }
 
 fn inventory(node: &str) -> Vec<GpuInfo> {
