@@ -160,15 +160,27 @@ impl SimNode {
     pub fn heal(&mut self, now: UnixMillis) -> bool {
         match self.outage {
             Some(Outage::Crashed { until }) if now >= until => {
-                self.outage = None;
+                self.fail(None);
                 true
             }
             Some(Outage::Partitioned { until }) if now >= until => {
-                self.outage = None;
+                self.fail(None);
                 false
             }
             _ => false,
         }
+    }
+
+    /// The agent crashes or is cut off (or, with `None`, is back).
+    pub fn fail(&mut self, outage: Option<Outage>) {
+        self.outage = outage;
+        self.poke();
+    }
+
+    /// The long-poll's answer: a newer desired state.
+    pub fn receive(&mut self, desired: Option<DesiredNode>) {
+        self.desired = desired;
+        self.poke();
     }
 
     /// One second of the host: containers progress, then the agent reconciles (unless down).
@@ -384,8 +396,9 @@ impl SimNode {
         exited
     }
 
-    /// What the agent reports; marks exits as reported.
+    /// What the agent reports; marks exits as reported (its next step forgets them).
     pub fn heartbeat(&mut self) -> Heartbeat {
+        self.poke();
         let replica_busy = self.replica_holds_gpus();
         let busy = self.busy_gpus();
         let state = match self.phase {

@@ -135,18 +135,16 @@ impl<'a> World<'a> {
             }
             FaultKind::AgentCrash => {
                 if let Some(n) = self.nodes.get_mut(f.node) {
-                    n.outage = Some(Outage::Crashed {
+                    n.fail(Some(Outage::Crashed {
                         until: now + lc.agent_restart_s * 1_000,
-                    });
-                    n.poke();
+                    }));
                 }
             }
             FaultKind::Partition => {
                 if let Some(n) = self.nodes.get_mut(f.node) {
-                    n.outage = Some(Outage::Partitioned {
+                    n.fail(Some(Outage::Partitioned {
                         until: now + lc.partition_s * 1_000,
-                    });
-                    n.poke();
+                    }));
                 }
             }
         }
@@ -154,12 +152,7 @@ impl<'a> World<'a> {
 
     fn heal(&mut self, now: UnixMillis) {
         for i in 0..self.nodes.len() {
-            let outage = self.nodes[i].outage;
-            let registers = self.nodes[i].heal(now);
-            if self.nodes[i].outage != outage {
-                self.nodes[i].poke();
-            }
-            if registers {
+            if self.nodes[i].heal(now) {
                 let (name, inv) = (self.nodes[i].name.clone(), self.nodes[i].inventory());
                 if let Err(e) = self.controller.register(now, &name, inv) {
                     self.record(now, vec![format!("register {name}: {e}")]);
@@ -215,8 +208,7 @@ impl<'a> World<'a> {
                 *woken = false;
                 let v = self.controller.version(&n.name);
                 if v.is_some() && v != n.desired.as_ref().map(|d| d.version) {
-                    n.desired = self.controller.desired(&n.name);
-                    n.poke();
+                    n.receive(self.controller.desired(&n.name));
                 }
             }
             let mut ctx = StepCtx {
@@ -243,8 +235,6 @@ impl<'a> World<'a> {
                 continue;
             }
             let beat = n.heartbeat();
-            // Exits are now reported, and an answer renews the leases.
-            n.poke();
             match self.controller.heartbeat(now, &n.name, beat) {
                 Ok(()) => n.last_renewed = now,
                 Err(e) => {
