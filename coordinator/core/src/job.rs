@@ -144,26 +144,28 @@ impl Job {
     }
 
     /// The one transition function. On an illegal move nothing changes.
+    ///
+    /// Every legal move is one arm of its match and changes the job only there; before it,
+    /// only the member the event is about leaves the job, and an illegal move puts it back
+    /// where it was. So no copy of the job is needed to undo one (most events, a running
+    /// job reported running, change nothing at all).
     pub fn apply(&mut self, now: UnixMillis, event: JobEvent) -> Result<(), IllegalTransition> {
-        let mut next = self.clone();
-        next.transition(now, event)?;
-        *self = next;
-        Ok(())
-    }
-
-    fn transition(&mut self, now: UnixMillis, event: JobEvent) -> Result<(), IllegalTransition> {
         use JobState::*;
         let illegal = IllegalTransition {
             job: self.id,
             from: self.state.as_str(),
             event: event.name(),
         };
-        if let Some(lease) = event.lease() {
-            if !self.leases.contains(&lease) {
-                return Err(illegal);
+        // A job's leases are distinct (one per member).
+        let left = match event.lease() {
+            Some(lease) => {
+                let Some(at) = self.leases.iter().position(|l| *l == lease) else {
+                    return Err(illegal);
+                };
+                Some((at, self.leases.remove(at)))
             }
-            self.leases.retain(|l| *l != lease);
-        }
+            None => None,
+        };
         let last = self.leases.is_empty();
         let next = match (self.state, event) {
             (Queued, JobEvent::Leased { leases }) if !leases.is_empty() => {
@@ -272,7 +274,12 @@ impl Job {
                     Cancelling
                 }
             }
-            _ => return Err(illegal),
+            _ => {
+                if let Some((at, lease)) = left {
+                    self.leases.insert(at, lease);
+                }
+                return Err(illegal);
+            }
         };
         self.state = next;
         Ok(())
@@ -448,5 +455,24 @@ mod tests {
         j.apply(1, JobEvent::Leased { leases: vec![7] }).unwrap();
         assert!(j.apply(2, exited(8, 0)).is_err());
         assert_eq!(j.leases, vec![7]);
+    }
+
+    #[test]
+    fn a_refused_report_about_a_member_leaves_the_job_as_it_was() {
+        let mut j = job(3, 0);
+        j.apply(
+            1,
+            JobEvent::Leased {
+                leases: vec![4, 5, 6],
+            },
+        )
+        .unwrap();
+        // No legal move takes a member report in this state; the member the report is
+        // about leaves the job first and must come back where it was.
+        j.state = JobState::Queued;
+        let before = j.clone();
+        assert!(j.apply(2, exited(5, 0)).is_err());
+        assert_eq!(j, before);
+        assert_eq!(j.leases, vec![4, 5, 6]);
     }
 }
