@@ -543,17 +543,10 @@ impl Core {
         self.decide(now);
     }
 
-    /// Stops every running job that has used up its `maxRunSeconds`. A running job holds a
-    /// lease, so this walks the leases, not every job ever submitted.
+    /// Stops every running job that has used up its `maxRunSeconds`, found in the job
+    /// index by when each reaches it: a decision that stops none looks at no job.
     fn enforce_run_limits(&mut self, now: UnixMillis) {
-        let mut over: Vec<u64> = self
-            .leases
-            .all()
-            .filter_map(|l| self.jobs.get(&l.job))
-            .filter(|j| j.run_deadline().is_some_and(|at| at <= now))
-            .map(|j| j.id)
-            .collect();
-        over.dedup();
+        let over: Vec<u64> = self.index.run_limits_reached(now).collect();
         for id in over {
             let _ = self.job_event(now, id, JobEvent::RunLimit);
         }
@@ -584,13 +577,9 @@ impl Core {
             .nodes
             .values()
             .filter_map(|n| n.last_heartbeat.map(|t| t + self.config.lease_ttl_ms));
-        // A retried job's backoff; a running job's run-time limit (a running job holds a
-        // lease).
+        // A retried job's backoff; a running job's run-time limit.
         let backoffs = self.index.next_backoffs(self.decided_at);
-        let run_limits = self
-            .leases
-            .all()
-            .filter_map(|l| self.jobs.get(&l.job)?.run_deadline());
+        let run_limits = self.index.next_run_limits(self.decided_at);
         self.leases
             .next_expiry()
             .into_iter()

@@ -1,7 +1,7 @@
 //! What the decisions ask of the jobs on every call, kept in step with each job change
 //! instead of being recomputed from every job ever submitted: the queued jobs in queue order
 //! (priority, then age), how many are queued per team, the retry back-offs still pending,
-//! and the GPUs each owner's unfinished jobs ask for.
+//! the run-time limits of running jobs, and the GPUs each owner's unfinished jobs ask for.
 //!
 //! [`JobIndex::sync`] is called with a job after every change to it (the core does so where
 //! it records [`crate::Effect::JobChanged`]), so the index is a function of the jobs' current
@@ -23,6 +23,8 @@ struct Entry {
     /// Its place in the queue, while queued.
     queued: Option<QueueKey>,
     not_before: Option<UnixMillis>,
+    /// When it reaches its `maxRunSeconds`, while running.
+    run_deadline: Option<UnixMillis>,
     /// GPUs it asks for, while unfinished.
     asked: u64,
     owner: Option<String>,
@@ -37,6 +39,8 @@ pub(crate) struct JobIndex {
     queued_teams: BTreeMap<String, usize>,
     /// Every job's pending retry back-off, by when it ends.
     backoffs: BTreeSet<(UnixMillis, u64)>,
+    /// Every running job's run-time limit, by when it is reached.
+    run_limits: BTreeSet<(UnixMillis, u64)>,
     /// GPUs asked for by unfinished jobs, per owner; an owner with none has no entry.
     asked: BTreeMap<Option<String>, u64>,
 }
@@ -84,6 +88,9 @@ impl JobIndex {
         if let Some(at) = e.not_before {
             self.backoffs.insert((at, id));
         }
+        if let Some(at) = e.run_deadline {
+            self.run_limits.insert((at, id));
+        }
         if e.asked > 0 {
             *self.asked.entry(e.owner.clone()).or_default() += e.asked;
         }
@@ -101,6 +108,9 @@ impl JobIndex {
         }
         if let Some(at) = e.not_before {
             self.backoffs.remove(&(at, id));
+        }
+        if let Some(at) = e.run_deadline {
+            self.run_limits.remove(&(at, id));
         }
         if e.asked > 0
             && let Some(n) = self.asked.get_mut(&e.owner)
@@ -131,14 +141,23 @@ impl JobIndex {
         &self,
         after: Option<UnixMillis>,
     ) -> impl Iterator<Item = UnixMillis> + '_ {
-        let first = self.backoffs.first().map(|(at, _)| *at);
-        let later = after.and_then(|t| {
-            self.backoffs
-                .range((t.saturating_add(1), 0)..)
-                .next()
-                .map(|(at, _)| *at)
-        });
-        first.into_iter().chain(later)
+        first_and_first_after(&self.backoffs, after)
+    }
+
+    /// Running jobs that have reached their run-time limit by `now`, soonest first.
+    pub(crate) fn run_limits_reached(&self, now: UnixMillis) -> impl Iterator<Item = u64> + '_ {
+        self.run_limits
+            .range(..(now.saturating_add(1), 0))
+            .map(|(_, id)| *id)
+    }
+
+    /// The earliest run-time limit of a running job, and the earliest one after `after`
+    /// (as [`JobIndex::next_backoffs`]).
+    pub(crate) fn next_run_limits(
+        &self,
+        after: Option<UnixMillis>,
+    ) -> impl Iterator<Item = UnixMillis> + '_ {
+        first_and_first_after(&self.run_limits, after)
     }
 
     /// GPUs asked for by `owner`'s unfinished jobs.
@@ -163,6 +182,7 @@ impl Entry {
                 job.id,
             )),
             not_before: job.not_before,
+            run_deadline: job.run_deadline(),
             asked: if job.state.is_finished() {
                 0
             } else {
@@ -171,6 +191,20 @@ impl Entry {
             owner: job.spec.owner.clone(),
         }
     }
+}
+
+/// The earliest time in `set`, and the earliest one after `after`.
+fn first_and_first_after(
+    set: &BTreeSet<(UnixMillis, u64)>,
+    after: Option<UnixMillis>,
+) -> impl Iterator<Item = UnixMillis> + '_ {
+    let first = set.first().map(|(at, _)| *at);
+    let later = after.and_then(|t| {
+        set.range((t.saturating_add(1), 0)..)
+            .next()
+            .map(|(at, _)| *at)
+    });
+    first.into_iter().chain(later)
 }
 
 /// A job's team: its owner, or `default`.
@@ -254,6 +288,7 @@ mod tests {
         assert_eq!(index.queued, rebuilt.queued);
         assert_eq!(index.queued_teams, rebuilt.queued_teams);
         assert_eq!(index.backoffs, rebuilt.backoffs);
+        assert_eq!(index.run_limits, rebuilt.run_limits);
         assert_eq!(index.asked, rebuilt.asked);
         assert!(index.one_team_queued(), "only team default is queued now");
         assert_eq!(index.stale_entry(&jobs), None);
