@@ -172,6 +172,9 @@ struct Errors {
     /// Decayed weight of under-forecasts per bin; over-forecasts count in `total` only.
     bins: Vec<f64>,
     total: f64,
+    /// The under-forecast that `ERR_QUANTILE` of the errors stayed within, as of the last
+    /// error recorded (the headroom reads it every decision; errors come once a minute).
+    within: f64,
 }
 
 impl Default for Errors {
@@ -179,6 +182,7 @@ impl Default for Errors {
         Self {
             bins: vec![0.0; ERR_BINS],
             total: 0.0,
+            within: 0.0,
         }
     }
 }
@@ -319,23 +323,24 @@ impl Profile {
         let minute = now / 60_000;
         let r = &self.recent;
         let level = r.smooth.map_or(load, |(v, _)| v);
-        // Least squares over the last complete minutes' means.
-        let points: Vec<(f64, f64)> = r
-            .minutes
-            .iter()
-            .rev()
-            .filter(|m| m.minute < minute && m.minute + TREND_MIN >= minute)
-            .map(|m| (m.minute as f64 - minute as f64, m.mean()))
-            .collect();
-        let mut trend = level;
-        if points.len() >= 3 {
-            let n = points.len() as f64;
-            let (sx, sy) = points
+        // Least squares over the last complete minutes' means, newest first. The record's
+        // minutes increase, so the walk stops at the first one too old for the trend.
+        let points = || {
+            r.minutes
                 .iter()
-                .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+                .rev()
+                .skip_while(|m| m.minute >= minute)
+                .take_while(|m| m.minute + TREND_MIN >= minute)
+                .map(|m| (m.minute as f64 - minute as f64, m.mean()))
+        };
+        let mut trend = level;
+        let count = points().count();
+        if count >= 3 {
+            let n = count as f64;
+            let (sx, sy) = points().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
             let (mx, my) = (sx / n, sy / n);
-            let sxx: f64 = points.iter().map(|(x, _)| (x - mx).powi(2)).sum();
-            let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+            let sxx: f64 = points().map(|(x, _)| (x - mx).powi(2)).sum();
+            let sxy: f64 = points().map(|(x, y)| (x - mx) * (y - my)).sum();
             if sxx > 0.0 {
                 let slope = sxy / sxx;
                 let ahead = lead_ms as f64 / 60_000.0;
@@ -346,7 +351,7 @@ impl Profile {
         let headroom = if errors.total < ERR_MIN_WEIGHT {
             prior_headroom
         } else {
-            errors.quantile(ERR_QUANTILE)
+            errors.within
         };
         ShortTerm {
             level,
@@ -375,6 +380,7 @@ impl Errors {
             let bin = ((replicas / ERR_BIN) as usize).min(ERR_BINS - 1);
             self.bins[bin] += 1.0;
         }
+        self.within = self.quantile(ERR_QUANTILE);
     }
 
     /// The under-forecast, in replicas, that a share `q` of the errors stayed within.
