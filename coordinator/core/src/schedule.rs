@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::core::Core;
-use crate::lease::Lease;
+use crate::lease::NodeLeases;
 use crate::node::Node;
 
 /// The free GPUs of every reachable lent node that has any, in name order, and the same
@@ -150,62 +150,63 @@ impl Core {
         false
     }
 
-    /// Every reachable lent node with a GPU free, and those GPUs, in name order. One walk
-    /// of the nodes beside the lease table's per-node index, in name order too, so that no
-    /// node is looked up by its name: with thousands of nodes lent, those lookups were most
-    /// of a decision's cost.
-    pub(crate) fn lent_free(&self, now: UnixMillis) -> Vec<(&Node, Vec<u32>)> {
-        let ttl = self.config.lease_ttl_ms;
+    /// Every node in name order, beside its leases (none when it holds none): one walk of
+    /// the nodes and the lease table's per-node index together, so that no node is looked
+    /// up by its name. With thousands of nodes lent, those lookups were most of a decision's
+    /// cost.
+    pub(crate) fn nodes_with_leases(
+        &self,
+    ) -> impl Iterator<Item = (&Node, Option<&NodeLeases>)> + '_ {
         let mut held = self.leases.by_node().peekable();
-        let mut lent = Vec::new();
-        for n in self.nodes.values() {
-            let mut ids = None;
-            while let Some((node, set)) = held.peek() {
+        self.nodes.values().map(move |n| {
+            let mut mine = None;
+            while let Some((node, h)) = held.peek() {
                 match (*node).cmp(n.name.as_str()) {
                     Ordering::Less => {}
-                    Ordering::Equal => ids = Some(*set),
+                    Ordering::Equal => mine = Some(*h),
                     Ordering::Greater => break,
                 }
                 held.next();
             }
-            if n.mode != NodeMode::Lend || !n.reachable(now, ttl) {
-                continue;
-            }
-            let free = self.free_among(n, self.leases.of(ids));
-            if !free.is_empty() {
-                lent.push((n, free));
-            }
-        }
-        lent
+            (n, mine)
+        })
     }
 
-    /// GPUs of `n` that none of its leases (`on_node`) holds, no container occupies and the
+    /// Every reachable lent node with a GPU free, and those GPUs, in name order.
+    pub(crate) fn lent_free(&self, now: UnixMillis) -> Vec<(&Node, Vec<u32>)> {
+        let ttl = self.config.lease_ttl_ms;
+        self.nodes_with_leases()
+            .filter(|(n, _)| n.mode == NodeMode::Lend && n.reachable(now, ttl))
+            .map(|(n, held)| (n, self.free_among(n, held)))
+            .filter(|(_, free)| !free.is_empty())
+            .collect()
+    }
+
+    /// GPUs of `n` that none of its leases (`held`) holds, no container occupies and the
     /// agent does not report unhealthy.
-    fn free_among<'a>(
-        &self,
-        n: &Node,
-        on_node: impl Iterator<Item = &'a Lease> + Clone,
-    ) -> Vec<u32> {
-        // The usual lent node has every GPU leased: one pass over its leases tells (no two
-        // leases share a GPU, an invariant; were it broken, this would only place less).
-        if on_node.clone().map(|l| l.gpus.len()).sum::<usize>() >= n.gpus.len() {
+    fn free_among(&self, n: &Node, held: Option<&NodeLeases>) -> Vec<u32> {
+        // The usual lent node has every GPU leased, which the count of its leased GPUs tells
+        // (no two leases share a GPU, an invariant; were it broken, this would only place
+        // less).
+        if held.map_or(0, |h| h.gpus) >= n.gpus.len() {
             return Vec::new();
         }
-        let held = |i: u32| on_node.clone().any(|l| l.gpus.contains(&i));
+        let on_node = self.leases.of(held);
+        let leased = |i: u32| on_node.clone().any(|l| l.gpus.contains(&i));
         n.gpus
             .iter()
             .map(|g| g.index)
-            .filter(|&i| !held(i) && !n.occupies(i) && !n.reports_unhealthy(i))
+            .filter(|&i| !leased(i) && !n.occupies(i) && !n.reports_unhealthy(i))
             .collect()
     }
 
     /// A lent node without any lease, when no queued job can use it, goes back to serving.
     pub(crate) fn return_idle_nodes(&mut self, now: UnixMillis) {
+        // A node without leases has no entry in the table's per-node index.
         let idle: Vec<String> = self
-            .nodes
-            .values()
-            .filter(|n| n.mode == NodeMode::Lend && self.leases.on_node(&n.name).next().is_none())
-            .map(|n| n.name.clone())
+            .nodes_with_leases()
+            .filter(|(n, held)| n.mode == NodeMode::Lend && held.is_none())
+            .map(|(n, _)| n.name.clone())
             .collect();
         for node in idle {
             self.set_mode(now, &node, NodeMode::Serve);
