@@ -113,43 +113,52 @@ impl Core {
         }
     }
 
+    /// One walk of the service's nodes, nothing collected. Sums and maxima are taken in
+    /// name order, as an iterator's `sum` and `reduce` over the ready replicas would: a sum
+    /// is unknown (`None`) as soon as one ready replica's signal is.
     fn load(&self, now: UnixMillis, policy: &ServicePolicy) -> Load {
         let ttl = self.config.lease_ttl_ms;
-        let nodes: Vec<&Node> = self
-            .nodes
-            .values()
-            .filter(|n| n.service == policy.name && n.reachable(now, ttl))
-            .collect();
-        let ready: Vec<&Node> = nodes
-            .iter()
-            .copied()
-            .filter(|n| n.mode == NodeMode::Serve && n.replica_serving())
-            .collect();
-        let sum = |f: fn(&Node) -> Option<f64>| -> Option<f64> {
-            ready.iter().map(|n| f(n)).sum::<Option<f64>>()
+        let add = |acc: Option<f64>, v: Option<f64>| Some(acc? + v?);
+        let max = |acc: Option<f64>, v: Option<f64>| match (acc, v) {
+            (Some(a), Some(v)) => Some(a.max(v)),
+            (a, v) => a.or(v),
         };
-        let gateway_waiting = self
-            .services
-            .get(&policy.name)
-            .and_then(|s| s.gateway)
-            .filter(|(_, at)| now < at + policy.gateway_signal_ttl_ms)
-            .map_or(0, |(w, _)| w);
-        Load {
-            serve_nodes: nodes.iter().filter(|n| n.mode == NodeMode::Serve).count(),
-            ready: ready.len(),
-            waiting: sum(|n| n.replica.as_ref()?.signals.requests_waiting),
-            running: sum(|n| n.replica.as_ref()?.signals.requests_running),
-            kv_max: ready
-                .iter()
-                .filter_map(|n| n.replica.as_ref()?.signals.kv_cache_usage)
-                .reduce(f64::max),
-            ttft_p95_max: ready
-                .iter()
-                .filter_map(|n| n.replica.as_ref()?.signals.ttft_p95_s)
-                .reduce(f64::max),
-            generation_tokens_per_s: sum(|n| n.replica.as_ref()?.signals.generation_tokens_per_s),
-            gateway_waiting,
+        let mut load = Load {
+            serve_nodes: 0,
+            ready: 0,
+            // The additive identity that `Sum` for floats starts from.
+            waiting: Some(-0.0),
+            running: Some(-0.0),
+            kv_max: None,
+            ttft_p95_max: None,
+            generation_tokens_per_s: Some(-0.0),
+            gateway_waiting: self
+                .services
+                .get(&policy.name)
+                .and_then(|s| s.gateway)
+                .filter(|(_, at)| now < at + policy.gateway_signal_ttl_ms)
+                .map_or(0, |(w, _)| w),
+        };
+        for n in self.nodes.values() {
+            if n.service != policy.name || !n.reachable(now, ttl) || n.mode != NodeMode::Serve {
+                continue;
+            }
+            load.serve_nodes += 1;
+            if !n.replica_serving() {
+                continue;
+            }
+            load.ready += 1;
+            let signals = n.replica.as_ref().map(|r| &r.signals);
+            load.waiting = add(load.waiting, signals.and_then(|s| s.requests_waiting));
+            load.running = add(load.running, signals.and_then(|s| s.requests_running));
+            load.kv_max = max(load.kv_max, signals.and_then(|s| s.kv_cache_usage));
+            load.ttft_p95_max = max(load.ttft_p95_max, signals.and_then(|s| s.ttft_p95_s));
+            load.generation_tokens_per_s = add(
+                load.generation_tokens_per_s,
+                signals.and_then(|s| s.generation_tokens_per_s),
+            );
         }
+        load
     }
 
     /// The measured time to take a node back and have it serving: the longest of the latest
