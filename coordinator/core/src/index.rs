@@ -9,13 +9,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 use nightshift_common::{JobState, UnixMillis};
 
 use crate::job::Job;
 
 /// Queue order: higher priority first, then first submitted, then lower id.
-type QueueKey = (Reverse<i32>, UnixMillis, u64);
+pub(crate) type QueueKey = (Reverse<i32>, UnixMillis, u64);
 
 /// What one job contributes to the index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +129,21 @@ impl JobIndex {
             .iter()
             .filter(move |(_, not_before)| not_before.is_none_or(|t| t <= now))
             .map(|((_, _, id), _)| *id)
+    }
+
+    /// The first queued job after `after` (from the head when none) whose back-off has
+    /// ended by `now`, with its place in the queue: a walk of [`JobIndex::runnable`] that
+    /// holds no borrow between steps, so the jobs may change on the way.
+    pub(crate) fn next_runnable(
+        &self,
+        now: UnixMillis,
+        after: Option<QueueKey>,
+    ) -> Option<(QueueKey, u64)> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.queued
+            .range((from, Bound::Unbounded))
+            .find(|(_, not_before)| not_before.is_none_or(|t| t <= now))
+            .map(|(key, _)| (*key, key.2))
     }
 
     /// Whether the queued jobs all belong to one team (or none is queued).
@@ -249,6 +265,15 @@ mod tests {
         index.sync(&a);
         assert_eq!(index.runnable(99).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(index.runnable(100).collect::<Vec<_>>(), vec![2, 3, 1]);
+        let walk = |now| {
+            std::iter::successors(index.next_runnable(now, None), |(key, _)| {
+                index.next_runnable(now, Some(*key))
+            })
+            .map(|(_, id)| id)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(walk(99), vec![2, 3], "the walk is the runnable order");
+        assert_eq!(walk(100), vec![2, 3, 1]);
         assert_eq!(index.next_backoffs(None).collect::<Vec<_>>(), vec![100]);
         assert_eq!(
             index.next_backoffs(Some(100)).collect::<Vec<_>>(),

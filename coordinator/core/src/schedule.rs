@@ -122,8 +122,24 @@ impl Core {
         if !capacity.any_free() {
             return false;
         }
+        // With one team queued, queue order is the index's own order: it is walked a job at
+        // a time instead of being copied whole, since a round usually ends after a few jobs
+        // (every free GPU placed, or kept for the head). A grant takes its job out of the
+        // index, and the walk goes on after it. Fair share between teams orders up front.
+        let mut ordered = (!self.index.one_team_queued()).then(|| self.queue(now).into_iter());
+        let mut after = None;
         let mut placed = 0;
-        for job in self.queue(now) {
+        loop {
+            let next = match &mut ordered {
+                Some(order) => order.next(),
+                None => self.index.next_runnable(now, after).map(|(key, id)| {
+                    after = Some(key);
+                    id
+                }),
+            };
+            let Some(job) = next else {
+                break;
+            };
             if !capacity.any_free() {
                 break;
             }
