@@ -212,6 +212,9 @@ impl Core {
 
     /// What changed since the last call, each entity once.
     pub fn poll_effects(&mut self) -> Vec<Effect> {
+        if self.effects.is_empty() {
+            return Vec::new();
+        }
         std::mem::take(&mut self.effects).into_iter().collect()
     }
 
