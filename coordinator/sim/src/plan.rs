@@ -3,7 +3,7 @@
 //! placed FIFO on the lent nodes' free GPUs (fewest free first), and a node leaving the
 //! window has its leases revoked, as the core does on reclaim.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use nightshift_common::{
     DesiredNode, GpuInfo, Heartbeat, JobRunState, JobSpec, LeaseGrant, UnixMillis,
@@ -45,6 +45,8 @@ struct PlanLease {
     epoch: u64,
     job: u64,
     node: String,
+    /// The node's place in `nodes`.
+    at: usize,
     gpus: Vec<u32>,
     revoked: bool,
 }
@@ -58,6 +60,10 @@ pub struct PlanController {
     nodes: Vec<(String, u32)>,
     /// Whether each node (by its place in `nodes`) is lent.
     lent: Vec<bool>,
+    /// The ids of each node's leases, and the GPUs they hold (no two leases share a GPU:
+    /// the violations check), by the node's place in `nodes`.
+    on_node: Vec<BTreeSet<u64>>,
+    held: Vec<usize>,
     versions: BTreeMap<String, u64>,
     /// Nodes whose version moved since [`Controller::moved`] last asked.
     moved: Vec<String>,
@@ -79,6 +85,8 @@ impl PlanController {
             versions: BTreeMap::new(),
             moved: Vec::new(),
             lent: Vec::new(),
+            on_node: Vec::new(),
+            held: Vec::new(),
             specs: BTreeMap::new(),
             queue: VecDeque::new(),
             leases: BTreeMap::new(),
@@ -101,50 +109,53 @@ impl PlanController {
         self.changed = true;
     }
 
-    fn free_gpus(&self, node: &str, count: u32) -> Vec<u32> {
-        let held: Vec<u32> = self
-            .leases
-            .values()
-            .filter(|l| l.node == node)
+    /// The lowest `count` GPU indices that none of node `at`'s leases holds.
+    fn free_gpus(&self, at: usize, count: u32) -> Vec<u32> {
+        let held: Vec<u32> = self.on_node[at]
+            .iter()
+            .filter_map(|id| self.leases.get(id))
             .flat_map(|l| l.gpus.iter().copied())
             .collect();
         (0..count).filter(|g| !held.contains(g)).collect()
+    }
+
+    fn remove_lease(&mut self, id: u64) -> Option<PlanLease> {
+        let lease = self.leases.remove(&id)?;
+        self.on_node[lease.at].remove(&id);
+        self.held[lease.at] -= lease.gpus.len();
+        Some(lease)
     }
 
     fn place(&mut self, _now: UnixMillis) {
         if self.queue.is_empty() || !self.lent.contains(&true) {
             return;
         }
-        // GPUs leased on each node (by its place in `nodes`), from one pass over the leases;
-        // no two leases share a GPU (the violations check), so a count tells what is free.
-        let mut held = vec![0usize; self.nodes.len()];
-        for l in self.leases.values() {
-            if let Ok(i) = self.position(&l.node) {
-                held[i] += l.gpus.len();
-            }
-        }
         while let Some(&job) = self.queue.front() {
             let Some(need) = self.specs.get(&job).map(|(s, _)| s.gpus as usize) else {
                 self.queue.pop_front();
                 continue;
             };
-            // The lent node with the fewest free GPUs that fit (by name among equals).
-            let best = self
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| self.lent[*i])
-                .map(|(i, (n, g))| ((*g as usize).saturating_sub(held[i]), n, *g, i))
-                .filter(|(free, ..)| *free >= need)
-                .min_by_key(|(free, n, ..)| (*free, *n));
-            let Some((_, node, gpus, i)) = best else {
+            // The lent node with the fewest free GPUs that fit; among equals the first, which
+            // is the first by name.
+            let best = (0..self.nodes.len())
+                .filter(|&i| self.lent[i])
+                .map(|i| ((self.nodes[i].1 as usize).saturating_sub(self.held[i]), i))
+                .filter(|(free, _)| *free >= need)
+                .min_by_key(|(free, _)| *free);
+            let Some((_, at)) = best else {
                 break;
             };
-            let (node, free) = (node.clone(), self.free_gpus(node, gpus));
-            held[i] += need;
+            let node = self.nodes[at].0.clone();
+            let gpus: Vec<u32> = self
+                .free_gpus(at, self.nodes[at].1)
+                .into_iter()
+                .take(need)
+                .collect();
             self.queue.pop_front();
             let id = self.next_lease;
             self.next_lease += 1;
+            self.on_node[at].insert(id);
+            self.held[at] += gpus.len();
             self.leases.insert(
                 id,
                 PlanLease {
@@ -152,7 +163,8 @@ impl PlanController {
                     epoch: id,
                     job,
                     node: node.clone(),
-                    gpus: free.into_iter().take(need).collect(),
+                    at,
+                    gpus,
                     revoked: false,
                 },
             );
@@ -169,6 +181,11 @@ impl Controller for PlanController {
         if let Err(at) = self.position(node) {
             self.nodes.insert(at, (node.to_owned(), gpus.len() as u32));
             self.lent.insert(at, false);
+            self.on_node.insert(at, BTreeSet::new());
+            self.held.insert(at, 0);
+            for l in self.leases.values_mut().filter(|l| l.at >= at) {
+                l.at += 1;
+            }
             self.versions.insert(node.to_owned(), 1);
             self.moved.push(node.to_owned());
         }
@@ -176,14 +193,12 @@ impl Controller for PlanController {
     }
 
     fn heartbeat(&mut self, _now: UnixMillis, node: &str, beat: Heartbeat) -> Result<(), String> {
-        let ids: Vec<u64> = self
-            .leases
-            .values()
-            .filter(|l| l.node == node)
-            .map(|l| l.id)
-            .collect();
+        let Ok(at) = self.position(node) else {
+            return Ok(());
+        };
+        let ids: Vec<u64> = self.on_node[at].iter().copied().collect();
         for id in ids {
-            let Some(lease) = self.leases.get(&id).cloned() else {
+            let Some((job, revoked)) = self.leases.get(&id).map(|l| (l.job, l.revoked)) else {
                 continue;
             };
             let run = beat.jobs.iter().find(|r| r.lease_id == id);
@@ -193,13 +208,13 @@ impl Controller for PlanController {
                     stopped_by_agent: false,
                 }) => Some(false),
                 Some(JobRunState::Exited { .. } | JobRunState::FailedToStart { .. }) => Some(true),
-                None if lease.revoked => Some(true),
+                None if revoked => Some(true),
                 _ => None,
             };
             if let Some(requeue) = outcome {
-                self.leases.remove(&id);
+                self.remove_lease(id);
                 if requeue {
-                    self.queue.push_front(lease.job);
+                    self.queue.push_front(job);
                 }
                 self.bump(node);
             }
@@ -229,8 +244,10 @@ impl Controller for PlanController {
             let want = i >= first_lent;
             if self.lent[i] != want {
                 let node = self.nodes[i].0.clone();
-                for l in self.leases.values_mut().filter(|l| l.node == node) {
-                    l.revoked = true;
+                for id in &self.on_node[i] {
+                    if let Some(l) = self.leases.get_mut(id) {
+                        l.revoked = true;
+                    }
                 }
                 self.bump(&node);
                 self.lent[i] = want;
@@ -249,10 +266,11 @@ impl Controller for PlanController {
 
     fn desired(&self, node: &str) -> Option<DesiredNode> {
         let version = *self.versions.get(node)?;
-        let leases = self
-            .leases
-            .values()
-            .filter(|l| l.node == node && !l.revoked)
+        let at = self.position(node).ok()?;
+        let leases = self.on_node[at]
+            .iter()
+            .filter_map(|id| self.leases.get(id))
+            .filter(|l| !l.revoked)
             .filter_map(|l| {
                 let (spec, attempt) = self.specs.get(&l.job)?;
                 Some(LeaseGrant {
@@ -268,7 +286,7 @@ impl Controller for PlanController {
             .collect();
         Some(DesiredNode {
             version,
-            serve: !self.position(node).is_ok_and(|i| self.lent[i]),
+            serve: !self.lent[at],
             leases,
             lease_ttl_ms: self.lease_ttl_ms,
         })
