@@ -150,7 +150,7 @@ impl Core {
             }
             jobs.insert(view.id, job_from_view(view));
         }
-        let nodes = snapshot
+        let mut nodes: BTreeMap<String, Node> = snapshot
             .nodes
             .into_iter()
             .map(|s| {
@@ -161,6 +161,12 @@ impl Core {
                 (s.name, node)
             })
             .collect();
+        let leases = LeaseTable::restore(leases, snapshot.next_lease_id, snapshot.next_epoch);
+        for l in leases.all() {
+            if let Some(n) = nodes.get_mut(&l.node) {
+                n.held.add(l.gpus.len());
+            }
+        }
         let max_job = jobs.keys().copied().max().unwrap_or(0);
         let mut profiles: BTreeMap<String, crate::forecast::Profile> =
             snapshot.profiles.into_iter().collect();
@@ -183,7 +189,7 @@ impl Core {
             nodes,
             index: JobIndex::build(jobs.values()),
             jobs,
-            leases: LeaseTable::restore(leases, snapshot.next_lease_id, snapshot.next_epoch),
+            leases,
             next_job_id: snapshot.next_job_id.max(max_job + 1).max(1),
             services,
             effects: BTreeSet::new(),
@@ -261,10 +267,14 @@ impl Core {
                 n.gpus = gpus;
                 n
             }
-            None => self
-                .nodes
-                .entry(node.to_owned())
-                .or_insert_with(|| Node::new(node, service, gpus, now)),
+            None => {
+                // Leases restored for a node not known yet are its own from the start.
+                let mut n = Node::new(node, service, gpus, now);
+                for l in self.leases.on_node(node) {
+                    n.held.add(l.gpus.len());
+                }
+                self.nodes.entry(node.to_owned()).or_insert(n)
+            }
         };
         n.last_heartbeat = Some(now);
         n.address = address.unwrap_or_else(|| node.to_owned());
@@ -699,6 +709,7 @@ impl Core {
                 continue;
             };
             n.desired_version += 1;
+            n.held.add(gpus.len());
             let version = n.desired_version;
             leases.push(
                 self.leases
@@ -739,6 +750,9 @@ impl Core {
         let Some(l) = self.leases.release(lease) else {
             return;
         };
+        if let Some(n) = self.nodes.get_mut(&l.node) {
+            n.held.remove(l.gpus.len());
+        }
         self.bump(&l.node);
         let job = self.jobs.get(&l.job);
         let gpus = l.gpus.len() as u32;

@@ -28,6 +28,17 @@ pub enum Violation {
     EpochNotFenced { lease: u64, epoch: u64, next: u64 },
     #[error("leases {first} and {second} share epoch {epoch}")]
     EpochReused { first: u64, second: u64, epoch: u64 },
+    #[error(
+        "node {node}: counts {counted_leases} leases holding {counted_gpus} GPUs, the lease \
+         table {leases} holding {gpus}"
+    )]
+    HeldMismatch {
+        node: String,
+        counted_leases: usize,
+        counted_gpus: usize,
+        leases: usize,
+        gpus: usize,
+    },
     #[error("job {job}: the queue index does not match its record")]
     JobIndexStale { job: u64 },
     #[error("job {job}: state {state} does not match its lease ({lease})")]
@@ -45,10 +56,28 @@ impl Core {
         self.check_gpu_owners(&mut out);
         self.check_fencing(&mut out);
         self.check_jobs(&mut out);
+        self.check_held(&mut out);
         if let Some(job) = self.index.stale_entry(self.jobs.values()) {
             out.push(Violation::JobIndexStale { job });
         }
         out
+    }
+
+    /// What each node counts of its leases is what the lease table holds on it.
+    fn check_held(&self, out: &mut Vec<Violation>) {
+        for (n, ids) in self.nodes_with_leases() {
+            let on_node = self.leases.of(ids);
+            let (leases, gpus) = (on_node.clone().count(), on_node.map(|l| l.gpus.len()).sum());
+            if (n.held.leases, n.held.gpus) != (leases, gpus) {
+                out.push(Violation::HeldMismatch {
+                    node: n.name.clone(),
+                    counted_leases: n.held.leases,
+                    counted_gpus: n.held.gpus,
+                    leases,
+                    gpus,
+                });
+            }
+        }
     }
 
     /// Never fewer than `min_replicas` nodes in serve mode, as long as the service has that

@@ -32,19 +32,11 @@ pub struct Lease {
     pub granted_version: u64,
 }
 
-/// The leases of one node that holds any.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct NodeLeases {
-    pub(crate) ids: BTreeSet<u64>,
-    /// GPUs they hold together (no two leases share one, an invariant).
-    pub(crate) gpus: usize,
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LeaseTable {
     leases: BTreeMap<u64, Lease>,
-    /// Lease ids by node, for the nodes that hold any.
-    by_node: BTreeMap<String, NodeLeases>,
+    /// Lease ids by node.
+    by_node: BTreeMap<String, BTreeSet<u64>>,
     /// `(expires_at, id)` of every lease.
     by_expiry: BTreeSet<(UnixMillis, u64)>,
     next_id: u64,
@@ -67,9 +59,10 @@ impl LeaseTable {
     }
 
     fn insert(&mut self, lease: Lease) {
-        let held = self.by_node.entry(lease.node.clone()).or_default();
-        held.ids.insert(lease.id);
-        held.gpus += lease.gpus.len();
+        self.by_node
+            .entry(lease.node.clone())
+            .or_default()
+            .insert(lease.id);
         self.by_expiry.insert((lease.expires_at, lease.id));
         self.leases.insert(lease.id, lease);
     }
@@ -125,10 +118,9 @@ impl LeaseTable {
 
     pub(crate) fn release(&mut self, id: u64) -> Option<Lease> {
         let lease = self.leases.remove(&id)?;
-        if let Some(held) = self.by_node.get_mut(&lease.node) {
-            held.ids.remove(&id);
-            held.gpus -= lease.gpus.len();
-            if held.ids.is_empty() {
+        if let Some(ids) = self.by_node.get_mut(&lease.node) {
+            ids.remove(&id);
+            if ids.is_empty() {
                 self.by_node.remove(&lease.node);
             }
         }
@@ -138,10 +130,10 @@ impl LeaseTable {
 
     /// Extends every lease of `node` to `now + ttl`: the node has just been heard from.
     pub(crate) fn renew(&mut self, node: &str, now: UnixMillis, ttl_ms: u64) {
-        let Some(held) = self.by_node.get(node) else {
+        let Some(ids) = self.by_node.get(node) else {
             return;
         };
-        for id in &held.ids {
+        for id in ids {
             let Some(l) = self.leases.get_mut(id) else {
                 continue;
             };
@@ -173,20 +165,18 @@ impl LeaseTable {
         self.of(self.by_node.get(node))
     }
 
-    /// Each node's leases, for the nodes that hold any, in name order.
-    pub(crate) fn by_node(&self) -> impl Iterator<Item = (&str, &NodeLeases)> {
-        self.by_node
-            .iter()
-            .map(|(node, held)| (node.as_str(), held))
+    /// The ids of each node's leases, for the nodes that hold any, in name order.
+    pub(crate) fn by_node(&self) -> impl Iterator<Item = (&str, &BTreeSet<u64>)> {
+        self.by_node.iter().map(|(node, ids)| (node.as_str(), ids))
     }
 
-    /// The leases of `held` (one node's, from [`LeaseTable::by_node`]), by id.
+    /// The leases of `ids` (one node's, from [`LeaseTable::by_node`]), by id.
     pub(crate) fn of<'a>(
         &'a self,
-        held: Option<&'a NodeLeases>,
+        ids: Option<&'a BTreeSet<u64>>,
     ) -> impl Iterator<Item = &'a Lease> + Clone + 'a {
-        held.into_iter()
-            .flat_map(|h| &h.ids)
+        ids.into_iter()
+            .flatten()
             .filter_map(|id| self.leases.get(id))
     }
 
@@ -237,12 +227,6 @@ mod tests {
         assert_eq!(on(&t, "n2"), vec![b]);
         let held: Vec<u32> = t.on_node("n1").flat_map(|l| l.gpus.clone()).collect();
         assert_eq!(held, vec![0, 2]);
-        let gpus = |t: &LeaseTable| {
-            t.by_node()
-                .map(|(node, h)| (node.to_owned(), h.gpus))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(gpus(&t), vec![("n1".to_owned(), 2), ("n2".to_owned(), 2)]);
         assert_eq!(t.next_expiry(), Some(50));
         assert_eq!(t.expired(70), vec![b, c]);
         t.renew("n1", 60, 100);
@@ -250,16 +234,10 @@ mod tests {
         assert_eq!(t.next_expiry(), Some(50));
         t.release(b);
         assert_eq!(on(&t, "n2"), Vec::<u64>::new());
-        assert_eq!(
-            gpus(&t),
-            vec![("n1".to_owned(), 2)],
-            "a node with none left"
-        );
         assert_eq!(t.next_expiry(), Some(160));
         assert_eq!(t.expired(160), vec![a, c]);
         let restored = LeaseTable::restore(t.all().cloned().collect(), 0, 0);
         assert_eq!(on(&restored, "n1"), vec![a, c]);
-        assert_eq!(gpus(&restored), gpus(&t));
         assert_eq!(restored.next_expiry(), Some(160));
     }
 }

@@ -33,6 +33,31 @@ pub struct Node {
     /// The latest complete reclaim among `phases`, in milliseconds (see
     /// [`Node::reclaim_ms`]), worked out when phases arrive rather than on every decision.
     reclaim_ms: Option<u64>,
+    /// What the lease table holds on this node, kept in step with it where the core grants
+    /// and releases: the decisions read every node's every second, and a lookup in the table
+    /// per node was most of their cost. The invariant checks compare it with the table.
+    pub(crate) held: Held,
+}
+
+/// The leases on a node and the GPUs they hold together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) leases: usize,
+    pub(crate) gpus: usize,
+}
+
+impl Held {
+    pub(crate) fn add(&mut self, gpus: usize) {
+        self.leases += 1;
+        self.gpus += gpus;
+    }
+
+    /// Never below zero: a count out of step with the table is an invariant violation to
+    /// report, not a reason to stop the coordinator.
+    pub(crate) fn remove(&mut self, gpus: usize) {
+        self.leases = self.leases.saturating_sub(1);
+        self.gpus = self.gpus.saturating_sub(gpus);
+    }
 }
 
 impl Node {
@@ -52,6 +77,7 @@ impl Node {
             runs: Vec::new(),
             phases: VecDeque::new(),
             reclaim_ms: None,
+            held: Held::default(),
         }
     }
 

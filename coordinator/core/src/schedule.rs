@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::core::Core;
-use crate::lease::NodeLeases;
 use crate::node::Node;
 
 /// The free GPUs of every reachable lent node that has any, in name order, and the same
@@ -166,20 +165,19 @@ impl Core {
         false
     }
 
-    /// Every node in name order, beside its leases (none when it holds none): one walk of
-    /// the nodes and the lease table's per-node index together, so that no node is looked
-    /// up by its name. With thousands of nodes lent, those lookups were most of a decision's
-    /// cost.
+    /// Every node in name order, beside the ids of its leases (none when it holds none):
+    /// one walk of the nodes and the lease table's per-node index together, for checks that
+    /// look at every node's leases.
     pub(crate) fn nodes_with_leases(
         &self,
-    ) -> impl Iterator<Item = (&Node, Option<&NodeLeases>)> + '_ {
+    ) -> impl Iterator<Item = (&Node, Option<&BTreeSet<u64>>)> + '_ {
         let mut held = self.leases.by_node().peekable();
         self.nodes.values().map(move |n| {
             let mut mine = None;
-            while let Some((node, h)) = held.peek() {
+            while let Some((node, ids)) = held.peek() {
                 match (*node).cmp(n.name.as_str()) {
                     Ordering::Less => {}
-                    Ordering::Equal => mine = Some(*h),
+                    Ordering::Equal => mine = Some(*ids),
                     Ordering::Greater => break,
                 }
                 held.next();
@@ -188,26 +186,26 @@ impl Core {
         })
     }
 
-    /// Every reachable lent node with a GPU free, and those GPUs, in name order.
+    /// Every reachable lent node with a GPU free, and those GPUs, in name order. The usual
+    /// lent node has every GPU leased, which its count of leased GPUs tells (no two leases
+    /// share a GPU, an invariant; were it broken, this would only place less): only nodes
+    /// with GPUs left over are looked up in the lease table.
     pub(crate) fn lent_free(&self, now: UnixMillis) -> Vec<(&Node, Vec<u32>)> {
         let ttl = self.config.lease_ttl_ms;
-        self.nodes_with_leases()
-            .filter(|(n, _)| n.mode == NodeMode::Lend && n.reachable(now, ttl))
-            .map(|(n, held)| (n, self.free_among(n, held)))
+        self.nodes
+            .values()
+            .filter(|n| {
+                n.mode == NodeMode::Lend && n.reachable(now, ttl) && n.held.gpus < n.gpus.len()
+            })
+            .map(|n| (n, self.free_among(n)))
             .filter(|(_, free)| !free.is_empty())
             .collect()
     }
 
-    /// GPUs of `n` that none of its leases (`held`) holds, no container occupies and the
-    /// agent does not report unhealthy.
-    fn free_among(&self, n: &Node, held: Option<&NodeLeases>) -> Vec<u32> {
-        // The usual lent node has every GPU leased, which the count of its leased GPUs tells
-        // (no two leases share a GPU, an invariant; were it broken, this would only place
-        // less).
-        if held.map_or(0, |h| h.gpus) >= n.gpus.len() {
-            return Vec::new();
-        }
-        let on_node = self.leases.of(held);
+    /// GPUs of `n` that none of its leases holds, no container occupies and the agent does
+    /// not report unhealthy.
+    fn free_among(&self, n: &Node) -> Vec<u32> {
+        let on_node = self.leases.on_node(&n.name);
         let leased = |i: u32| on_node.clone().any(|l| l.gpus.contains(&i));
         n.gpus
             .iter()
@@ -218,11 +216,11 @@ impl Core {
 
     /// A lent node without any lease, when no queued job can use it, goes back to serving.
     pub(crate) fn return_idle_nodes(&mut self, now: UnixMillis) {
-        // A node without leases has no entry in the table's per-node index.
         let idle: Vec<String> = self
-            .nodes_with_leases()
-            .filter(|(n, held)| n.mode == NodeMode::Lend && held.is_none())
-            .map(|(n, _)| n.name.clone())
+            .nodes
+            .values()
+            .filter(|n| n.mode == NodeMode::Lend && n.held.leases == 0)
+            .map(|n| n.name.clone())
             .collect();
         for node in idle {
             self.set_mode(now, &node, NodeMode::Serve);
