@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::{
-    DesiredNode, GpuInfo, Heartbeat, JobRunState, JobSpec, JobState, JobView, LeaseGrant,
+    DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, JobSpec, JobState, JobView, LeaseGrant,
     LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous, SpecError, UnixMillis,
 };
 
@@ -314,25 +314,22 @@ impl Core {
             .nodes
             .get_mut(node)
             .ok_or_else(|| CoreError::UnknownNode(node.to_owned()))?;
-        // What the decisions read of a node, before and after this report.
-        let seen = |n: &Node| {
-            (
-                n.reachable(now, ttl),
-                n.replica.clone(),
-                n.occupied_gpus(),
-                n.phases.back().map(|p| p.seq),
-            )
-        };
-        let before = seen(n);
+        // What the decisions read of a node, before and after this report: whether it is
+        // reachable, its replica, the GPUs job containers occupy and its latest phase. The
+        // report's parts replace the node's, so the old ones are compared, not copied.
+        let reachable = n.reachable(now, ttl);
+        let last_phase = n.phases.back().map(|p| p.seq);
         n.last_heartbeat = Some(now);
         n.applied_version = beat.applied_version;
         n.gpu_status = beat.gpus;
-        n.replica = Some(beat.replica);
+        let replica = n.replica.replace(beat.replica);
         n.record_phases(&beat.phases);
-        n.runs = beat.jobs;
-        let observed_change = seen(n) != before;
+        let runs = std::mem::replace(&mut n.runs, beat.jobs);
+        let observed_change = n.reachable(now, ttl) != reachable
+            || n.replica != replica
+            || !crate::node::same_occupied(&runs, &n.runs)
+            || n.phases.back().map(|p| p.seq) != last_phase;
         let applied = n.applied_version;
-        let runs = n.runs.clone();
         // Leases the agent's fail-safe stopped while it could not reach us: their jobs were
         // checkpointed and stopped; requeue them as preempted before anything is renewed.
         for id in &beat.expired_leases {
@@ -362,73 +359,77 @@ impl Core {
         }
         self.leases.renew(node, now, self.config.lease_ttl_ms);
 
-        // What the loop reads of each lease, copied: the events below change the table.
-        struct Held {
-            id: u64,
-            epoch: u64,
+        // What the report tells each of the node's leases, worked out from the leases and
+        // the report as they are now, before the events below change the table.
+        struct Told {
+            lease: u64,
             job: u64,
-            revoked: bool,
-            granted_version: u64,
+            checkpoint_at: Option<UnixMillis>,
+            event: Option<JobEvent>,
         }
-        let node_leases: Vec<Held> = self
+        let runs: &[JobRun] = self.nodes.get(node).map_or(&[], |n| &n.runs);
+        let told: Vec<Told> = self
             .leases
             .on_node(node)
-            .map(|l| Held {
-                id: l.id,
-                epoch: l.epoch,
-                job: l.job,
-                revoked: l.revoked,
-                granted_version: l.granted_version,
+            .map(|lease| {
+                let run = runs
+                    .iter()
+                    .find(|r| r.lease_id == lease.id && r.epoch == lease.epoch);
+                let event = match run.map(|r| &r.state) {
+                    Some(JobRunState::Running | JobRunState::Stopping) => Some(JobEvent::Started),
+                    Some(JobRunState::Pending) => None,
+                    Some(JobRunState::Exited {
+                        exit_code,
+                        stopped_by_agent,
+                    }) => {
+                        if lease.revoked || *stopped_by_agent {
+                            Some(JobEvent::MemberLost {
+                                lease: lease.id,
+                                message: format!("stopped on node {node} (exit code {exit_code})"),
+                            })
+                        } else {
+                            let outputs = run.map(|r| r.outputs.clone()).unwrap_or_default();
+                            Some(JobEvent::MemberExited {
+                                lease: lease.id,
+                                exit_code: *exit_code,
+                                outputs,
+                            })
+                        }
+                    }
+                    Some(JobRunState::FailedToStart { message }) => {
+                        Some(JobEvent::MemberStartFailed {
+                            lease: lease.id,
+                            message: message.clone(),
+                        })
+                    }
+                    // Not reported although the agent has applied the state that granted it
+                    // (or the lease was revoked): the container is gone.
+                    None if lease.revoked || applied >= lease.granted_version.max(1) => {
+                        Some(JobEvent::MemberLost {
+                            lease: lease.id,
+                            message: format!("container vanished from node {node}"),
+                        })
+                    }
+                    None => None,
+                };
+                Told {
+                    lease: lease.id,
+                    job: lease.job,
+                    checkpoint_at: run.and_then(|r| r.last_checkpoint_at),
+                    event,
+                }
             })
             .collect();
-        for lease in node_leases {
-            let run = runs
-                .iter()
-                .find(|r| r.lease_id == lease.id && r.epoch == lease.epoch);
-            if let Some(at) = run.and_then(|r| r.last_checkpoint_at)
-                && let Some(job) = self.jobs.get_mut(&lease.job)
+        for told in told {
+            if let Some(at) = told.checkpoint_at
+                && let Some(job) = self.jobs.get_mut(&told.job)
                 && job.last_checkpoint_at < Some(at)
             {
                 job.last_checkpoint_at = Some(at);
-                self.effect(Effect::JobChanged(lease.job));
+                self.effect(Effect::JobChanged(told.job));
             }
-            let event = match run.map(|r| &r.state) {
-                Some(JobRunState::Running | JobRunState::Stopping) => Some(JobEvent::Started),
-                Some(JobRunState::Pending) => None,
-                Some(JobRunState::Exited {
-                    exit_code,
-                    stopped_by_agent,
-                }) => {
-                    if lease.revoked || *stopped_by_agent {
-                        Some(JobEvent::MemberLost {
-                            lease: lease.id,
-                            message: format!("stopped on node {node} (exit code {exit_code})"),
-                        })
-                    } else {
-                        let outputs = run.map(|r| r.outputs.clone()).unwrap_or_default();
-                        Some(JobEvent::MemberExited {
-                            lease: lease.id,
-                            exit_code: *exit_code,
-                            outputs,
-                        })
-                    }
-                }
-                Some(JobRunState::FailedToStart { message }) => Some(JobEvent::MemberStartFailed {
-                    lease: lease.id,
-                    message: message.clone(),
-                }),
-                // Not reported although the agent has applied the state that granted it (or
-                // the lease was revoked): the container is gone.
-                None if lease.revoked || applied >= lease.granted_version.max(1) => {
-                    Some(JobEvent::MemberLost {
-                        lease: lease.id,
-                        message: format!("container vanished from node {node}"),
-                    })
-                }
-                None => None,
-            };
-            if let Some(event) = event {
-                self.member_event(now, lease.job, lease.id, event);
+            if let Some(event) = told.event {
+                self.member_event(now, told.job, told.lease, event);
             }
         }
         let quiet = !observed_change && self.changes == changes_before;

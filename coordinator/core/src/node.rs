@@ -137,15 +137,7 @@ impl Node {
 
     /// The GPUs of the job containers the agent reports as not yet gone (repeats possible).
     fn occupying(&self) -> impl Iterator<Item = u32> + '_ {
-        self.runs
-            .iter()
-            .filter(|r| {
-                !matches!(
-                    r.state,
-                    JobRunState::Exited { .. } | JobRunState::FailedToStart { .. }
-                )
-            })
-            .flat_map(|r| r.gpus.iter().copied())
+        occupying(&self.runs)
     }
 
     /// Whether the agent's last heartbeat reported GPU `index` unhealthy.
@@ -179,5 +171,69 @@ impl Node {
         if added {
             self.reclaim_ms = self.latest_reclaim_ms();
         }
+    }
+}
+
+/// GPUs the job containers among `runs` still occupy (repeats possible).
+fn occupying(runs: &[JobRun]) -> impl Iterator<Item = u32> + Clone + '_ {
+    runs.iter()
+        .filter(|r| {
+            !matches!(
+                r.state,
+                JobRunState::Exited { .. } | JobRunState::FailedToStart { .. }
+            )
+        })
+        .flat_map(|r| r.gpus.iter().copied())
+}
+
+/// Whether two reports' job containers occupy the same GPUs ([`Node::occupied_gpus`] of
+/// each, compared without building either: a host's handful of GPUs are checked each way).
+pub(crate) fn same_occupied(a: &[JobRun], b: &[JobRun]) -> bool {
+    let (a, b) = (occupying(a), occupying(b));
+    a.clone().all(|g| b.clone().any(|h| h == g)) && b.clone().all(|g| a.clone().any(|h| h == g))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(gpus: &[u32], state: JobRunState) -> JobRun {
+        JobRun {
+            job_id: 1,
+            attempt: 0,
+            lease_id: 1,
+            epoch: 1,
+            gpus: gpus.to_vec(),
+            state,
+            last_checkpoint_at: None,
+            outputs: Default::default(),
+            image_id: None,
+        }
+    }
+
+    #[test]
+    fn occupancy_is_compared_as_a_set_of_gpus_that_live_containers_hold() {
+        let running = |g: &[u32]| run(g, JobRunState::Running);
+        let exited = |g: &[u32]| {
+            run(
+                g,
+                JobRunState::Exited {
+                    exit_code: 0,
+                    stopped_by_agent: false,
+                },
+            )
+        };
+        assert!(same_occupied(&[], &[]));
+        assert!(same_occupied(
+            &[running(&[0, 1]), running(&[3])],
+            &[running(&[3, 1]), running(&[0, 0])]
+        ));
+        assert!(same_occupied(
+            &[running(&[2]), exited(&[0])],
+            &[running(&[2])]
+        ));
+        assert!(!same_occupied(&[running(&[2])], &[running(&[2, 3])]));
+        assert!(!same_occupied(&[running(&[2, 3])], &[running(&[2])]));
+        assert!(!same_occupied(&[running(&[1])], &[exited(&[1])]));
     }
 }
