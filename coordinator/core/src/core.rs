@@ -674,6 +674,9 @@ impl Core {
         event: JobEvent,
     ) -> Result<(), CoreError> {
         let job = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
+        if job.keeps(&event) {
+            return Ok(());
+        }
         let (state, leases, attempt) = (job.state, job.leases.clone(), job.attempt);
         let preemption =
             matches!(event, JobEvent::MemberLost { .. }) || matches!(state, JobState::Preempting);

@@ -143,6 +143,15 @@ impl Job {
         Some(started + limit_ms.saturating_sub(self.ran_ms))
     }
 
+    /// Whether `event` leaves the job exactly as it is, so that nothing need be done about
+    /// it: a running job, already started, reported running (the commonest report by far).
+    pub(crate) fn keeps(&self, event: &JobEvent) -> bool {
+        matches!(event, JobEvent::Started)
+            && self.state == JobState::Running
+            && self.started_at.is_some()
+            && self.attempt_started_at.is_some()
+    }
+
     /// The one transition function. On an illegal move nothing changes.
     ///
     /// Every legal move is one arm of its match and changes the job only there; before it,
@@ -455,6 +464,22 @@ mod tests {
         j.apply(1, JobEvent::Leased { leases: vec![7] }).unwrap();
         assert!(j.apply(2, exited(8, 0)).is_err());
         assert_eq!(j.leases, vec![7]);
+    }
+
+    #[test]
+    fn a_running_job_reported_running_is_kept_as_it_is() {
+        let mut j = job(1, 0);
+        j.apply(1, JobEvent::Leased { leases: vec![7] }).unwrap();
+        assert!(
+            !j.keeps(&JobEvent::Started),
+            "starting: the report moves it on"
+        );
+        j.apply(2, JobEvent::Started).unwrap();
+        assert!(j.keeps(&JobEvent::Started));
+        assert!(!j.keeps(&JobEvent::Preempt));
+        let before = j.clone();
+        j.apply(3, JobEvent::Started).unwrap();
+        assert_eq!(j, before, "what keeps says, the transition does");
     }
 
     #[test]
