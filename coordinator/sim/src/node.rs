@@ -400,7 +400,13 @@ impl SimNode {
     pub fn heartbeat(&mut self) -> Heartbeat {
         self.poke();
         let replica_busy = self.replica_holds_gpus();
-        let busy = self.busy_gpus();
+        let gpus = (0..self.gpus)
+            .map(|i| {
+                let busy =
+                    replica_busy || self.runs.iter().any(|r| r.live() && r.gpus.contains(&i));
+                GpuStatus::healthy(i, if busy { 70 << 30 } else { 0 })
+            })
+            .collect();
         let state = match self.phase {
             Phase::Serving => ReplicaState::Serving,
             Phase::Draining { .. } | Phase::Releasing { .. } => ReplicaState::Draining,
@@ -442,16 +448,7 @@ impl SimNode {
             })
             .collect();
         Heartbeat {
-            gpus: (0..self.gpus)
-                .map(|i| {
-                    let used = if replica_busy || busy.contains(&i) {
-                        70 << 30
-                    } else {
-                        0
-                    };
-                    GpuStatus::healthy(i, used)
-                })
-                .collect(),
+            gpus,
             replica: ReplicaStatus {
                 state,
                 signals,
