@@ -1,11 +1,13 @@
 //! The invariants of DESIGN.md that the core alone can check. Tests and the simulator call
 //! [`Core::check_invariants`] after every step.
 
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::{JobState, NodeMode};
 
 use crate::core::Core;
+use crate::node::Node;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
@@ -61,6 +63,24 @@ impl Core {
             out.push(Violation::JobIndexStale { job });
         }
         out
+    }
+
+    /// Every node in name order, beside the ids of its leases (none when it holds none):
+    /// one walk of the nodes and the lease table's per-node index together.
+    fn nodes_with_leases(&self) -> impl Iterator<Item = (&Node, Option<&BTreeSet<u64>>)> + '_ {
+        let mut held = self.leases.by_node().peekable();
+        self.nodes.values().map(move |n| {
+            let mut mine = None;
+            while let Some((node, ids)) = held.peek() {
+                match (*node).cmp(n.name.as_str()) {
+                    Ordering::Less => {}
+                    Ordering::Equal => mine = Some(*ids),
+                    Ordering::Greater => break,
+                }
+                held.next();
+            }
+            (n, mine)
+        })
     }
 
     /// What each node counts of its leases is what the lease table holds on it.

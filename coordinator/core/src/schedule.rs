@@ -6,7 +6,6 @@
 //! (packing, so that whole nodes stay free for big jobs). When the head of the queue does not
 //! fit, the nodes it would use next are reserved for it and later jobs backfill the rest.
 
-use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 use nightshift_common::{NodeMode, UnixMillis};
@@ -163,27 +162,6 @@ impl Core {
             }
         }
         false
-    }
-
-    /// Every node in name order, beside the ids of its leases (none when it holds none):
-    /// one walk of the nodes and the lease table's per-node index together, for checks that
-    /// look at every node's leases.
-    pub(crate) fn nodes_with_leases(
-        &self,
-    ) -> impl Iterator<Item = (&Node, Option<&BTreeSet<u64>>)> + '_ {
-        let mut held = self.leases.by_node().peekable();
-        self.nodes.values().map(move |n| {
-            let mut mine = None;
-            while let Some((node, ids)) = held.peek() {
-                match (*node).cmp(n.name.as_str()) {
-                    Ordering::Less => {}
-                    Ordering::Equal => mine = Some(*ids),
-                    Ordering::Greater => break,
-                }
-                held.next();
-            }
-            (n, mine)
-        })
     }
 
     /// Every reachable lent node with a GPU free, and those GPUs, in name order. The usual
