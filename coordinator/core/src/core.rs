@@ -21,7 +21,7 @@ use crate::config::CoreConfig;
 use crate::index::JobIndex;
 use crate::job::{IllegalTransition, Job, JobEvent};
 use crate::lease::{Lease, LeaseTable};
-use crate::node::Node;
+use crate::node::{Held, Node};
 use crate::snapshot::{CoreSnapshot, NodeSnapshot};
 
 /// What changed, for the caller to persist and publish.
@@ -162,10 +162,8 @@ impl Core {
             })
             .collect();
         let leases = LeaseTable::restore(leases, snapshot.next_lease_id, snapshot.next_epoch);
-        for l in leases.all() {
-            if let Some(n) = nodes.get_mut(&l.node) {
-                n.held.add(l.gpus.len());
-            }
+        for n in nodes.values_mut() {
+            n.held = Held::of(leases.on_node(&n.name));
         }
         let max_job = jobs.keys().copied().max().unwrap_or(0);
         let mut profiles: BTreeMap<String, crate::forecast::Profile> =
@@ -270,9 +268,7 @@ impl Core {
             None => {
                 // Leases restored for a node not known yet are its own from the start.
                 let mut n = Node::new(node, service, gpus, now);
-                for l in self.leases.on_node(node) {
-                    n.held.add(l.gpus.len());
-                }
+                n.held = Held::of(self.leases.on_node(node));
                 self.nodes.entry(node.to_owned()).or_insert(n)
             }
         };

@@ -1,13 +1,12 @@
 //! The invariants of DESIGN.md that the core alone can check. Tests and the simulator call
 //! [`Core::check_invariants`] after every step.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use nightshift_common::{JobState, NodeMode};
 
 use crate::core::Core;
-use crate::node::Node;
+use crate::node::Held;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
@@ -65,36 +64,17 @@ impl Core {
         out
     }
 
-    /// Every node in name order, beside the ids of its leases (none when it holds none):
-    /// one walk of the nodes and the lease table's per-node index together.
-    fn nodes_with_leases(&self) -> impl Iterator<Item = (&Node, Option<&BTreeSet<u64>>)> + '_ {
-        let mut held = self.leases.by_node().peekable();
-        self.nodes.values().map(move |n| {
-            let mut mine = None;
-            while let Some((node, ids)) = held.peek() {
-                match (*node).cmp(n.name.as_str()) {
-                    Ordering::Less => {}
-                    Ordering::Equal => mine = Some(*ids),
-                    Ordering::Greater => break,
-                }
-                held.next();
-            }
-            (n, mine)
-        })
-    }
-
     /// What each node counts of its leases is what the lease table holds on it.
     fn check_held(&self, out: &mut Vec<Violation>) {
-        for (n, ids) in self.nodes_with_leases() {
-            let on_node = self.leases.of(ids);
-            let (leases, gpus) = (on_node.clone().count(), on_node.map(|l| l.gpus.len()).sum());
-            if (n.held.leases, n.held.gpus) != (leases, gpus) {
+        for n in self.nodes.values() {
+            let table = Held::of(self.leases.on_node(&n.name));
+            if n.held != table {
                 out.push(Violation::HeldMismatch {
                     node: n.name.clone(),
                     counted_leases: n.held.leases,
                     counted_gpus: n.held.gpus,
-                    leases,
-                    gpus,
+                    leases: table.leases,
+                    gpus: table.gpus,
                 });
             }
         }

@@ -162,20 +162,9 @@ impl LeaseTable {
         &'a self,
         node: &'a str,
     ) -> impl Iterator<Item = &'a Lease> + Clone + 'a {
-        self.of(self.by_node.get(node))
-    }
-
-    /// The ids of each node's leases, for the nodes that hold any, in name order.
-    pub(crate) fn by_node(&self) -> impl Iterator<Item = (&str, &BTreeSet<u64>)> {
-        self.by_node.iter().map(|(node, ids)| (node.as_str(), ids))
-    }
-
-    /// The leases of `ids` (one node's, from [`LeaseTable::by_node`]), by id.
-    pub(crate) fn of<'a>(
-        &'a self,
-        ids: Option<&'a BTreeSet<u64>>,
-    ) -> impl Iterator<Item = &'a Lease> + Clone + 'a {
-        ids.into_iter()
+        self.by_node
+            .get(node)
+            .into_iter()
             .flatten()
             .filter_map(|id| self.leases.get(id))
     }

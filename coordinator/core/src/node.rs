@@ -8,6 +8,8 @@ use nightshift_common::{
     UnixMillis,
 };
 
+use crate::lease::Lease;
+
 /// How many finished phases a node keeps for display.
 const PHASES_KEPT: usize = 32;
 
@@ -47,6 +49,15 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// What `leases` (one node's) hold together.
+    pub(crate) fn of<'a>(leases: impl Iterator<Item = &'a Lease>) -> Self {
+        let mut held = Self::default();
+        for l in leases {
+            held.add(l.gpus.len());
+        }
+        held
+    }
+
     pub(crate) fn add(&mut self, gpus: usize) {
         self.leases += 1;
         self.gpus += gpus;
@@ -116,15 +127,6 @@ impl Node {
             .is_some_and(|r| r.state == ReplicaState::Serving)
     }
 
-    /// GPUs a job container still occupies, by the agent's own report, whatever the lease
-    /// table says (a container left from an expired lease, for instance).
-    pub fn occupied_gpus(&self) -> Vec<u32> {
-        let mut gpus: Vec<u32> = self.occupying().collect();
-        gpus.sort_unstable();
-        gpus.dedup();
-        gpus
-    }
-
     /// Whether any job container the agent reports still occupies a GPU.
     pub fn occupies_any(&self) -> bool {
         self.occupying().next().is_some()
@@ -186,8 +188,8 @@ fn occupying(runs: &[JobRun]) -> impl Iterator<Item = u32> + Clone + '_ {
         .flat_map(|r| r.gpus.iter().copied())
 }
 
-/// Whether two reports' job containers occupy the same GPUs ([`Node::occupied_gpus`] of
-/// each, compared without building either: a host's handful of GPUs are checked each way).
+/// Whether two reports' job containers occupy the same GPUs, as sets, compared without
+/// building either: a host's handful of GPUs are checked each way.
 pub(crate) fn same_occupied(a: &[JobRun], b: &[JobRun]) -> bool {
     let (a, b) = (occupying(a), occupying(b));
     a.clone().all(|g| b.clone().any(|h| h == g)) && b.clone().all(|g| a.clone().any(|h| h == g))
