@@ -346,6 +346,11 @@ impl SimNode {
         changed
     }
 
+    /// Whether a live job container holds GPU `gpu`.
+    fn job_holds(&self, gpu: u32) -> bool {
+        self.runs.iter().any(|r| r.live() && r.gpus.contains(&gpu))
+    }
+
     /// GPUs that live job containers hold.
     fn busy_gpus(&self) -> Vec<u32> {
         self.runs
@@ -402,8 +407,7 @@ impl SimNode {
         let replica_busy = self.replica_holds_gpus();
         let gpus = (0..self.gpus)
             .map(|i| {
-                let busy =
-                    replica_busy || self.runs.iter().any(|r| r.live() && r.gpus.contains(&i));
+                let busy = replica_busy || self.job_holds(i);
                 GpuStatus::healthy(i, if busy { 70 << 30 } else { 0 })
             })
             .collect();

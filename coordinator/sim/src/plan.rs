@@ -44,8 +44,7 @@ struct PlanLease {
     id: u64,
     epoch: u64,
     job: u64,
-    node: String,
-    /// The node's place in `nodes`.
+    /// Its node's place in `nodes`.
     at: usize,
     gpus: Vec<u32>,
     revoked: bool,
@@ -162,7 +161,6 @@ impl PlanController {
                     id,
                     epoch: id,
                     job,
-                    node: node.clone(),
                     at,
                     gpus,
                     revoked: false,
@@ -297,13 +295,13 @@ impl Controller for PlanController {
             return Vec::new();
         }
         let mut out = Vec::new();
-        let mut owner: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        let mut owner: BTreeMap<(usize, u32), u64> = BTreeMap::new();
         for l in self.leases.values() {
             for g in &l.gpus {
-                if let Some(first) = owner.insert((&l.node, *g), l.id) {
+                if let Some(first) = owner.insert((l.at, *g), l.id) {
                     out.push(format!(
                         "node {} gpu {g}: leases {first} and {}",
-                        l.node, l.id
+                        self.nodes[l.at].0, l.id
                     ));
                 }
             }
