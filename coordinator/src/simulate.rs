@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use nightshift_sim::fault::FaultRates;
 use nightshift_sim::model::Release;
+use nightshift_sim::report::count;
 use nightshift_sim::{Policy, Report, SimConfig, SimError, Trace};
 
 /// Flags of `nightshift simulate`.
@@ -39,6 +40,11 @@ pub struct SimulateArgs {
     /// Seconds between heartbeats in the simulation.
     #[arg(long, default_value_t = 5)]
     pub heartbeat_s: u64,
+    /// Fill a ServeGen trace's gaps (windows in which no client sent anything, between
+    /// windows with load) from the windows around them, instead of simulating them as
+    /// recorded, without traffic (docs/SIMULATOR.md, "Gaps in a trace").
+    #[arg(long)]
+    pub fill_trace_gaps: bool,
     /// Policies to compare (comma-separated); all by default.
     #[arg(
         long,
@@ -59,6 +65,7 @@ impl SimulateArgs {
             seed: self.seed,
             min_replicas: self.min_replicas,
             heartbeat_s: self.heartbeat_s,
+            fill_trace_gaps: self.fill_trace_gaps,
             ..SimConfig::default()
         };
         cfg.faults =
@@ -83,6 +90,14 @@ pub fn run(args: &SimulateArgs) -> Result<Report, SimError> {
     let started = Instant::now();
     let trace = Trace::load(&args.trace)?;
     let report = nightshift_sim::simulate(&trace, &cfg, &policies)?;
+    let gaps = &report.run.trace_gaps;
+    if !gaps.is_empty() && !cfg.fill_trace_gaps {
+        eprintln!(
+            "warning: the trace has {} in {} with no client sending anything between windows with load; simulated as recorded, without traffic (--fill-trace-gaps fills them)",
+            count(gaps.iter().map(|g| g.windows).sum(), "window"),
+            count(gaps.len() as u64, "stretch")
+        );
+    }
     eprintln!(
         "simulated {} policies in {:.2} s",
         policies.len(),

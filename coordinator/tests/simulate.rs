@@ -103,3 +103,47 @@ async fn bad_input_is_refused_with_exit_code_2() {
     assert_eq!(code, 2);
     assert!(err.contains("--faults"), "{err}");
 }
+
+#[tokio::test]
+async fn a_servegen_gap_is_reported_and_filled_only_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two hours of 10-minute windows; the fourth is empty for the only client.
+    let rows: String = (0..12)
+        .map(|w| {
+            if w == 3 {
+                format!("{},0,0,,0,0\n", w * 600)
+            } else {
+                format!("{},20,1,Gamma,1.0,0.05\n", w * 600)
+            }
+        })
+        .collect();
+    std::fs::write(dir.path().join("chunk-0-trace.csv"), rows).unwrap();
+    let trace = format!("servegen:{}", dir.path().display());
+    let args = [
+        "--trace",
+        &trace,
+        "--days",
+        "0.08",
+        "--nodes",
+        "4",
+        "--peak-replicas",
+        "3",
+        "--policies",
+        "oracle",
+        "--output",
+        "json",
+    ];
+    let json = |(code, out, err): (i32, String, String)| {
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    let kept = json(simulate(&args).await);
+    let filled = json(simulate(&[&args[..], &["--fill-trace-gaps"]].concat()).await);
+    let gaps = serde_json::json!([{"start_s": 1800, "windows": 1}]);
+    assert_eq!(kept["run"]["trace_gaps"], gaps);
+    assert_eq!(filled["run"]["trace_gaps"], gaps);
+    assert_eq!(kept["run"]["trace_gaps_filled"], false);
+    assert_eq!(filled["run"]["trace_gaps_filled"], true);
+    let requests = |v: &Value| v["run"]["requests"].as_u64().unwrap();
+    assert!(requests(&filled) > requests(&kept));
+}

@@ -1,7 +1,8 @@
 //! What any lending policy could reach on a trace, before simulating one: bounds on the
 //! harvest ratio from the minutes' need alone (docs/BENCHMARKS.md, "What bounds the harvest").
 //!
-//! `cargo run --release -p nightshift-sim --example bounds -- servegen:DIR [DAYS]`
+//! `cargo run --release -p nightshift-sim --example bounds -- servegen:DIR [DAYS]
+//! [--fill-trace-gaps]`
 //!
 //! Every bound below is generous to the policy: lending and taking back are free and
 //! instant apart from the reclaim lead, jobs waste nothing, and a rule's parameters may be
@@ -22,14 +23,26 @@ use nightshift_sim::{SimConfig, Trace, arrivals, baseline, scale_factor};
 const RULE_WINDOWS_MIN: [usize; 5] = [1, 5, 10, 30, 60];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let source = args.first().ok_or("usage: bounds KIND:PATH [DAYS]")?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let fill = args.iter().any(|a| a == "--fill-trace-gaps");
+    args.retain(|a| a != "--fill-trace-gaps");
+    let source = args
+        .first()
+        .ok_or("usage: bounds KIND:PATH [DAYS] [--fill-trace-gaps]")?;
     let days: f64 = args.get(1).map_or(Ok(14.0), |d| d.parse())?;
     let cfg = SimConfig {
         days,
         ..SimConfig::default()
     };
-    let trace = Trace::load(source)?;
+    let mut trace = Trace::load(source)?;
+    if fill {
+        let gaps = trace.fill_gaps();
+        let windows: u64 = gaps.iter().map(|g| g.windows).sum();
+        println!(
+            "trace gaps filled: {windows} windows in {} stretches",
+            gaps.len()
+        );
+    }
     let scale = scale_factor(&trace, &cfg)?;
     let arrivals = arrivals::per_second(&trace, scale, cfg.horizon_s(), cfg.seed);
     let need = baseline::need_per_minute(&arrivals, &cfg.replica, cfg.min_replicas);

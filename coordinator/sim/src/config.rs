@@ -38,6 +38,9 @@ pub struct SimConfig {
     pub queue_depth: usize,
     /// What one GPU-hour of research compute would cost to rent, for `savings`.
     pub gpu_hour_price: f64,
+    /// Fill a windowed trace's gaps (`Trace::gaps`) from the windows around them instead of
+    /// simulating them as recorded, without traffic.
+    pub fill_trace_gaps: bool,
 }
 
 impl Default for SimConfig {
@@ -59,6 +62,7 @@ impl Default for SimConfig {
             reclaim_utilisation: 0.8,
             queue_depth: 16,
             gpu_hour_price: 2.0,
+            fill_trace_gaps: false,
         }
     }
 }

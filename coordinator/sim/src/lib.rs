@@ -120,6 +120,21 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
             nodes: cfg.nodes,
         });
     }
+    // Gaps the run reaches (a shorter trace repeats, and its gaps with it).
+    let gaps: Vec<_> = trace
+        .gaps()
+        .into_iter()
+        .filter(|g| g.start_s < cfg.horizon_s())
+        .collect();
+    let filled;
+    let trace = if cfg.fill_trace_gaps && !gaps.is_empty() {
+        let mut t = trace.clone();
+        t.fill_gaps();
+        filled = t;
+        &filled
+    } else {
+        trace
+    };
     let scale = scale_factor(trace, cfg)?;
     let arrivals = arrivals::per_second(trace, scale, cfg.horizon_s(), cfg.seed);
     let need = baseline::need_per_minute(&arrivals, &cfg.replica, cfg.min_replicas);
@@ -184,6 +199,8 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
             scale: (scale * 1e6).round() / 1e6,
             requests: arrivals.iter().map(|&a| u64::from(a)).sum(),
             replica_capacity_rps: cfg.replica.capacity_rps(),
+            trace_gaps: gaps,
+            trace_gaps_filled: cfg.fill_trace_gaps,
         },
         policies: results,
     })

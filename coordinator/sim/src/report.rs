@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::plan::Window;
+use crate::trace::Gap;
 use crate::world::Outcome;
 
 /// One policy's figures. The first ten fields are the contract; the rest explain them.
@@ -44,6 +45,12 @@ pub struct RunInfo {
     pub scale: f64,
     pub requests: u64,
     pub replica_capacity_rps: f64,
+    /// Stretches of the trace in which no client sent anything, between windows with load
+    /// (`Trace::gaps`): gaps in the recording, as the run found them.
+    pub trace_gaps: Vec<Gap>,
+    /// Whether those gaps were filled from the windows around them, or simulated as
+    /// recorded (no traffic).
+    pub trace_gaps_filled: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -120,6 +127,15 @@ impl Figures {
     }
 }
 
+/// `n` things, `noun` in the plural where `n` is not one (`es` after a sibilant).
+pub fn count(n: u64, noun: &str) -> String {
+    match (n, noun.ends_with("ch") || noun.ends_with('s')) {
+        (1, _) => format!("1 {noun}"),
+        (_, true) => format!("{n} {noun}es"),
+        (_, false) => format!("{n} {noun}s"),
+    }
+}
+
 impl Report {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
@@ -139,6 +155,23 @@ impl Report {
             r.seed,
             r.faults
         );
+        if let Some(first) = r.trace_gaps.first() {
+            let windows: u64 = r.trace_gaps.iter().map(|g| g.windows).sum();
+            let at = first.start_s;
+            s.push_str(&format!(
+                "trace gaps: {} in {} with no client sending anything between windows with load (the first on day {} at {:02}:{:02}), {}\n\n",
+                count(windows, "window"),
+                count(r.trace_gaps.len() as u64, "stretch"),
+                at / 86_400 + 1,
+                at % 86_400 / 3_600,
+                at % 3_600 / 60,
+                if r.trace_gaps_filled {
+                    "filled from the windows around them"
+                } else {
+                    "simulated as recorded, without traffic (--fill-trace-gaps fills them)"
+                }
+            ));
+        }
         s.push_str(&format!(
             "{:<13} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}\n",
             "POLICY",

@@ -119,6 +119,88 @@ impl Trace {
     }
 }
 
+/// A stretch of a windowed trace in which no client sent anything, between windows with
+/// load: a gap in the recording rather than a service with no traffic at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Gap {
+    pub start_s: u64,
+    pub windows: u64,
+}
+
+impl Trace {
+    /// The windows of a windowed trace in which no client has load, between windows that
+    /// have some, as runs of consecutive windows. Other traces have none.
+    pub fn gaps(&self) -> Vec<Gap> {
+        let TraceData::Windows { window_s, clients } = &self.data else {
+            return Vec::new();
+        };
+        let n = (self.span_s / window_s) as usize;
+        let mut busy = vec![false; n];
+        for w in clients.iter().flatten() {
+            if let Some(b) = busy.get_mut((w.start_s / window_s) as usize) {
+                *b |= w.rate > 0.0;
+            }
+        }
+        let (Some(first), Some(last)) =
+            (busy.iter().position(|&b| b), busy.iter().rposition(|&b| b))
+        else {
+            return Vec::new();
+        };
+        let mut gaps: Vec<Gap> = Vec::new();
+        for i in (first..last).filter(|&i| !busy[i]) {
+            let start_s = i as u64 * window_s;
+            match gaps.last_mut() {
+                Some(g) if g.start_s + g.windows * window_s == start_s => g.windows += 1,
+                _ => gaps.push(Gap {
+                    start_s,
+                    windows: 1,
+                }),
+            }
+        }
+        gaps
+    }
+
+    /// Fills each gap ([`Trace::gaps`]) client by client: the rate runs in a straight line
+    /// from the client's window before the gap to its window after it (an idle neighbour
+    /// counts as rate 0), and each filled window takes the inter-arrival law of the nearer
+    /// neighbour that had one. Returns the gaps filled.
+    pub fn fill_gaps(&mut self) -> Vec<Gap> {
+        let gaps = self.gaps();
+        let TraceData::Windows { window_s, clients } = &mut self.data else {
+            return gaps;
+        };
+        let w = *window_s;
+        for client in clients.iter_mut() {
+            let at = |s: u64| client.iter().find(|x| x.start_s == s);
+            let mut filled = Vec::new();
+            for g in &gaps {
+                let before = g.start_s - w;
+                let after = g.start_s + g.windows * w;
+                let (b, a) = (at(before), at(after));
+                let (rb, ra) = (b.map_or(0.0, |x| x.rate), a.map_or(0.0, |x| x.rate));
+                let span = (g.windows + 1) as f64;
+                for k in 1..=g.windows {
+                    let f = k as f64 / span;
+                    let nearer = if f <= 0.5 { b.or(a) } else { a.or(b) };
+                    let (Some(near), rate) = (nearer, rb + (ra - rb) * f) else {
+                        continue;
+                    };
+                    if rate > 0.0 {
+                        filled.push(Window {
+                            start_s: before + k * w,
+                            rate,
+                            law: near.law,
+                        });
+                    }
+                }
+            }
+            client.extend(filled);
+            client.sort_by_key(|x| x.start_s);
+        }
+        gaps
+    }
+}
+
 fn read(path: &Path) -> Result<String, TraceError> {
     std::fs::read_to_string(path).map_err(|source| TraceError::Read {
         path: path.to_owned(),

@@ -5,6 +5,7 @@ mod common;
 
 use nightshift_sim::baseline::{best_window, need_per_minute, night_window, oracle_gpu_hours};
 use nightshift_sim::model::ReplicaModel;
+use nightshift_sim::trace::{Gap, Interarrival, Trace, TraceData, Window};
 use nightshift_sim::{Policy, SimConfig, simulate};
 
 /// One replica serves 256 / (0.5 + 150 × 0.05) = 32 requests/s; sized for 80 %, 25.6.
@@ -124,5 +125,64 @@ fn an_idle_trace_lends_everything_above_the_floor() {
         reactive.harvest_ratio > 0.5,
         "reactive ratio {}",
         reactive.harvest_ratio
+    );
+}
+
+#[test]
+fn a_gap_in_the_recording_is_reported_and_filled_on_request() {
+    // One client, busy all day at 100 requests/s except for an hour (six windows) in which
+    // nothing was recorded.
+    let clients = vec![
+        (0..144u64)
+            .filter(|w| !(60..66).contains(w))
+            .map(|w| Window {
+                start_s: w * 600,
+                rate: 100.0,
+                law: Interarrival::Poisson,
+            })
+            .collect(),
+    ];
+    let trace = Trace {
+        name: "one client with a gap".into(),
+        span_s: 86_400,
+        data: TraceData::Windows {
+            window_s: 600,
+            clients,
+        },
+    };
+    let gaps = vec![Gap {
+        start_s: 36_000,
+        windows: 6,
+    }];
+    let cfg = SimConfig {
+        days: 1.0,
+        ..common::small(1.0)
+    };
+    let run = |fill: bool| {
+        let cfg = SimConfig {
+            fill_trace_gaps: fill,
+            ..cfg.clone()
+        };
+        simulate(&trace, &cfg, &[Policy::Oracle]).expect("simulate")
+    };
+    let (kept, filled) = (run(false), run(true));
+    assert_eq!(kept.run.trace_gaps, gaps);
+    assert_eq!(filled.run.trace_gaps, gaps);
+    assert!(!kept.run.trace_gaps_filled && filled.run.trace_gaps_filled);
+    assert!(kept.to_table().contains("6 windows in 1 stretch"));
+    // Filled, the hour carries the load around it (an hour of 100 requests/s, scaled), and
+    // the oracle no longer lends the replicas that load needs.
+    let more = filled.run.requests as f64 - kept.run.requests as f64;
+    let hour = 3_600.0 * 100.0 * kept.run.scale;
+    assert!(
+        (more - hour).abs() < 0.02 * hour,
+        "{more} more requests, {hour} expected"
+    );
+    let lent = |r: &nightshift_sim::Report| r.policies[0].oracle_gpu_hours;
+    assert!(
+        lent(&filled) < lent(&kept),
+        "{} vs {}",
+        lent(&filled),
+        lent(&kept)
     );
 }
