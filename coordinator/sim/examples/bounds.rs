@@ -2,7 +2,7 @@
 //! harvest ratio from the minutes' need alone (docs/BENCHMARKS.md, "What bounds the harvest").
 //!
 //! `cargo run --release -p nightshift-sim --example bounds -- servegen:DIR [DAYS]
-//! [--fill-trace-gaps]`
+//! [--fill-trace-gaps] [--sleep]` (`--sleep`: the reclaim lead of lending by vLLM sleep).
 //!
 //! Every bound below is generous to the policy: lending and taking back are free and
 //! instant apart from the reclaim lead, jobs waste nothing, and a rule's parameters may be
@@ -18,22 +18,31 @@
 //!   rise of the need within one lead: what a policy that cannot see it coming must already
 //!   hold.
 
+use nightshift_sim::model::Release;
 use nightshift_sim::{SimConfig, Trace, arrivals, baseline, scale_factor};
 
 const RULE_WINDOWS_MIN: [usize; 5] = [1, 5, 10, 30, 60];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let fill = args.iter().any(|a| a == "--fill-trace-gaps");
-    args.retain(|a| a != "--fill-trace-gaps");
+    let flag = |args: &mut Vec<String>, name: &str| {
+        let on = args.iter().any(|a| a == name);
+        args.retain(|a| a != name);
+        on
+    };
+    let fill = flag(&mut args, "--fill-trace-gaps");
+    let sleep = flag(&mut args, "--sleep");
     let source = args
         .first()
-        .ok_or("usage: bounds KIND:PATH [DAYS] [--fill-trace-gaps]")?;
+        .ok_or("usage: bounds KIND:PATH [DAYS] [--fill-trace-gaps] [--sleep]")?;
     let days: f64 = args.get(1).map_or(Ok(14.0), |d| d.parse())?;
-    let cfg = SimConfig {
+    let mut cfg = SimConfig {
         days,
         ..SimConfig::default()
     };
+    if sleep {
+        cfg.lifecycle.release = Release::Sleep;
+    }
     let mut trace = Trace::load(source)?;
     if fill {
         let gaps = trace.fill_gaps();
