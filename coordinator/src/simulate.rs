@@ -4,7 +4,6 @@ use std::time::Instant;
 
 use nightshift_sim::fault::FaultRates;
 use nightshift_sim::model::Release;
-use nightshift_sim::report::count;
 use nightshift_sim::{Policy, Report, SimConfig, SimError, Trace};
 
 /// Flags of `nightshift simulate`.
@@ -90,13 +89,8 @@ pub fn run(args: &SimulateArgs) -> Result<Report, SimError> {
     let started = Instant::now();
     let trace = Trace::load(&args.trace)?;
     let report = nightshift_sim::simulate(&trace, &cfg, &policies)?;
-    let gaps = &report.run.trace_gaps;
-    if !gaps.is_empty() && !cfg.fill_trace_gaps {
-        eprintln!(
-            "warning: the trace has {} in {} with no client sending anything between windows with load; simulated as recorded, without traffic (--fill-trace-gaps fills them)",
-            count(gaps.iter().map(|g| g.windows).sum(), "window"),
-            count(gaps.len() as u64, "stretch")
-        );
+    if let Some(gaps) = report.gaps_summary().filter(|_| !cfg.fill_trace_gaps) {
+        eprintln!("warning: the trace has {gaps}");
     }
     eprintln!(
         "simulated {} policies in {:.2} s",

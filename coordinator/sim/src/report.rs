@@ -137,6 +137,26 @@ pub fn count(n: u64, noun: &str) -> String {
 }
 
 impl Report {
+    /// What the run found of the trace's gaps and did with them, when it found any.
+    pub fn gaps_summary(&self) -> Option<String> {
+        let r = &self.run;
+        let at = r.trace_gaps.first()?.start_s;
+        let windows: u64 = r.trace_gaps.iter().map(|g| g.windows).sum();
+        Some(format!(
+            "{} in {} with no client sending anything between windows with load (the first on day {} at {:02}:{:02}), {}",
+            count(windows, "window"),
+            count(r.trace_gaps.len() as u64, "stretch"),
+            at / 86_400 + 1,
+            at % 86_400 / 3_600,
+            at % 3_600 / 60,
+            if r.trace_gaps_filled {
+                "filled from the windows around them"
+            } else {
+                "simulated as recorded, without traffic (--fill-trace-gaps fills them)"
+            }
+        ))
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
@@ -155,22 +175,8 @@ impl Report {
             r.seed,
             r.faults
         );
-        if let Some(first) = r.trace_gaps.first() {
-            let windows: u64 = r.trace_gaps.iter().map(|g| g.windows).sum();
-            let at = first.start_s;
-            s.push_str(&format!(
-                "trace gaps: {} in {} with no client sending anything between windows with load (the first on day {} at {:02}:{:02}), {}\n\n",
-                count(windows, "window"),
-                count(r.trace_gaps.len() as u64, "stretch"),
-                at / 86_400 + 1,
-                at % 86_400 / 3_600,
-                at % 3_600 / 60,
-                if r.trace_gaps_filled {
-                    "filled from the windows around them"
-                } else {
-                    "simulated as recorded, without traffic (--fill-trace-gaps fills them)"
-                }
-            ));
+        if let Some(gaps) = self.gaps_summary() {
+            s.push_str(&format!("trace gaps: {gaps}\n\n"));
         }
         s.push_str(&format!(
             "{:<13} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}\n",
