@@ -670,25 +670,20 @@ impl Core {
         event: JobEvent,
     ) -> Result<(), CoreError> {
         let job = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
-        if job.keeps(&event) {
-            return Ok(());
-        }
-        let (state, leases, attempt) = (job.state, job.leases.clone(), job.attempt);
+        let (state, attempt) = (job.state, job.attempt);
         let preemption =
             matches!(event, JobEvent::MemberLost { .. }) || matches!(state, JobState::Preempting);
-        job.apply(now, event)?;
-        let changed = (state, &leases, attempt) != (job.state, &job.leases, job.attempt);
-        // Usually neither: a report that a running job still runs allocates nothing more.
-        let released: Vec<u64> = leases
-            .into_iter()
-            .filter(|l| !job.leases.contains(l))
-            .collect();
+        // The job's leases change only by the member that leaves, or when it is leased
+        // (which moves it out of the queue): the state and the lease that left tell.
+        let released = job.apply(now, event)?;
+        let changed = released.is_some() || (state, attempt) != (job.state, job.attempt);
+        // Usually none: a report that a running job still runs changes and allocates nothing.
         let revoked = if job.stopping() {
             job.leases.clone()
         } else {
             Vec::new()
         };
-        for lease in released {
+        if let Some(lease) = released {
             self.release(now, lease, preemption);
         }
         for lease in revoked {

@@ -143,22 +143,19 @@ impl Job {
         Some(started + limit_ms.saturating_sub(self.ran_ms))
     }
 
-    /// Whether `event` leaves the job exactly as it is, so that nothing need be done about
-    /// it: a running job, already started, reported running (the commonest report by far).
-    pub(crate) fn keeps(&self, event: &JobEvent) -> bool {
-        matches!(event, JobEvent::Started)
-            && self.state == JobState::Running
-            && self.started_at.is_some()
-            && self.attempt_started_at.is_some()
-    }
-
-    /// The one transition function. On an illegal move nothing changes.
+    /// The one transition function. On an illegal move nothing changes. Returns the lease
+    /// that left the job: the member the event is about, if any. No other lease ever
+    /// leaves it (a job finishes or is requeued only once its last member has left), so
+    /// the caller learns what to release without copying the job's leases.
     ///
     /// Every legal move is one arm of its match and changes the job only there; before it,
     /// only the member the event is about leaves the job, and an illegal move puts it back
-    /// where it was. So no copy of the job is needed to undo one (most events, a running
-    /// job reported running, change nothing at all).
-    pub fn apply(&mut self, now: UnixMillis, event: JobEvent) -> Result<(), IllegalTransition> {
+    /// where it was. So no copy of the job is needed to undo one.
+    pub fn apply(
+        &mut self,
+        now: UnixMillis,
+        event: JobEvent,
+    ) -> Result<Option<u64>, IllegalTransition> {
         use JobState::*;
         let illegal = IllegalTransition {
             job: self.id,
@@ -291,7 +288,7 @@ impl Job {
             }
         };
         self.state = next;
-        Ok(())
+        Ok(left.map(|(_, lease)| lease))
     }
 
     /// The current attempt is over: its time joins the run time.
@@ -301,9 +298,9 @@ impl Job {
     }
 
     fn finish(&mut self, now: UnixMillis, state: JobState) -> JobState {
+        debug_assert!(self.leases.is_empty(), "a job finishes with no member left");
         self.end_attempt(now);
         self.finished_at = Some(now);
-        self.leases.clear();
         if state == JobState::Succeeded {
             self.message = None;
         }
@@ -469,17 +466,34 @@ mod tests {
     #[test]
     fn a_running_job_reported_running_is_kept_as_it_is() {
         let mut j = job(1, 0);
-        j.apply(1, JobEvent::Leased { leases: vec![7] }).unwrap();
-        assert!(
-            !j.keeps(&JobEvent::Started),
-            "starting: the report moves it on"
-        );
-        j.apply(2, JobEvent::Started).unwrap();
-        assert!(j.keeps(&JobEvent::Started));
-        assert!(!j.keeps(&JobEvent::Preempt));
+        assert_eq!(j.apply(1, JobEvent::Leased { leases: vec![7] }), Ok(None));
+        let starting = j.clone();
+        assert_eq!(j.apply(2, JobEvent::Started), Ok(None));
+        assert_ne!(j, starting, "starting: the report moves it on");
         let before = j.clone();
-        j.apply(3, JobEvent::Started).unwrap();
-        assert_eq!(j, before, "what keeps says, the transition does");
+        assert_eq!(j.apply(3, JobEvent::Started), Ok(None));
+        assert_eq!(j, before, "running, reported running: nothing changes");
+    }
+
+    #[test]
+    fn the_member_a_report_is_about_is_the_lease_that_leaves() {
+        let mut j = job(2, 0);
+        j.apply(1, JobEvent::Leased { leases: vec![4, 5] }).unwrap();
+        j.apply(2, JobEvent::Started).unwrap();
+        assert_eq!(j.apply(3, JobEvent::Preempt), Ok(None));
+        assert_eq!(j.apply(4, exited(5, 143)), Ok(Some(5)));
+        assert_eq!(j.leases, vec![4]);
+        assert_eq!(
+            j.apply(
+                5,
+                JobEvent::MemberLost {
+                    lease: 4,
+                    message: "gone".into()
+                }
+            ),
+            Ok(Some(4))
+        );
+        assert_eq!((j.state, j.leases.len()), (JobState::Queued, 0));
     }
 
     #[test]
