@@ -50,19 +50,25 @@ struct PlanLease {
     revoked: bool,
 }
 
+/// A registered node, as the plan keeps it.
+#[derive(Debug, Clone)]
+struct PlanNode {
+    name: String,
+    gpus: u32,
+    lent: bool,
+    /// The ids of its leases, and the GPUs they hold (no two leases share a GPU: the
+    /// violations check).
+    leases: BTreeSet<u64>,
+    held: usize,
+}
+
 pub struct PlanController {
     window: Window,
     /// Trace time 0 in the simulation's clock.
     origin: UnixMillis,
     lease_ttl_ms: u64,
-    /// Registered nodes and their GPU counts, in name order.
-    nodes: Vec<(String, u32)>,
-    /// Whether each node (by its place in `nodes`) is lent.
-    lent: Vec<bool>,
-    /// The ids of each node's leases, and the GPUs they hold (no two leases share a GPU:
-    /// the violations check), by the node's place in `nodes`.
-    on_node: Vec<BTreeSet<u64>>,
-    held: Vec<usize>,
+    /// Registered nodes, in name order.
+    nodes: Vec<PlanNode>,
     versions: BTreeMap<String, u64>,
     /// Nodes whose version moved since [`Controller::moved`] last asked.
     moved: Vec<String>,
@@ -83,9 +89,6 @@ impl PlanController {
             nodes: Vec::new(),
             versions: BTreeMap::new(),
             moved: Vec::new(),
-            lent: Vec::new(),
-            on_node: Vec::new(),
-            held: Vec::new(),
             specs: BTreeMap::new(),
             queue: VecDeque::new(),
             leases: BTreeMap::new(),
@@ -97,7 +100,7 @@ impl PlanController {
 
     /// Where `node` is in `nodes`, or where it would go.
     fn position(&self, node: &str) -> Result<usize, usize> {
-        self.nodes.binary_search_by(|(n, _)| n.as_str().cmp(node))
+        self.nodes.binary_search_by(|n| n.name.as_str().cmp(node))
     }
 
     fn bump(&mut self, node: &str) {
@@ -108,25 +111,29 @@ impl PlanController {
         self.changed = true;
     }
 
-    /// The lowest `count` GPU indices that none of node `at`'s leases holds.
-    fn free_gpus(&self, at: usize, count: u32) -> Vec<u32> {
-        let held: Vec<u32> = self.on_node[at]
+    /// The GPU indices that none of node `at`'s leases holds, lowest first.
+    fn free_gpus(&self, at: usize) -> Vec<u32> {
+        let held: Vec<u32> = self.nodes[at]
+            .leases
             .iter()
             .filter_map(|id| self.leases.get(id))
             .flat_map(|l| l.gpus.iter().copied())
             .collect();
-        (0..count).filter(|g| !held.contains(g)).collect()
+        (0..self.nodes[at].gpus)
+            .filter(|g| !held.contains(g))
+            .collect()
     }
 
     fn remove_lease(&mut self, id: u64) -> Option<PlanLease> {
         let lease = self.leases.remove(&id)?;
-        self.on_node[lease.at].remove(&id);
-        self.held[lease.at] -= lease.gpus.len();
+        let n = &mut self.nodes[lease.at];
+        n.leases.remove(&id);
+        n.held -= lease.gpus.len();
         Some(lease)
     }
 
     fn place(&mut self, _now: UnixMillis) {
-        if self.queue.is_empty() || !self.lent.contains(&true) {
+        if self.queue.is_empty() || !self.nodes.iter().any(|n| n.lent) {
             return;
         }
         while let Some(&job) = self.queue.front() {
@@ -136,25 +143,25 @@ impl PlanController {
             };
             // The lent node with the fewest free GPUs that fit; among equals the first, which
             // is the first by name.
-            let best = (0..self.nodes.len())
-                .filter(|&i| self.lent[i])
-                .map(|i| ((self.nodes[i].1 as usize).saturating_sub(self.held[i]), i))
+            let best = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.lent)
+                .map(|(i, n)| ((n.gpus as usize).saturating_sub(n.held), i))
                 .filter(|(free, _)| *free >= need)
                 .min_by_key(|(free, _)| *free);
             let Some((_, at)) = best else {
                 break;
             };
-            let node = self.nodes[at].0.clone();
-            let gpus: Vec<u32> = self
-                .free_gpus(at, self.nodes[at].1)
-                .into_iter()
-                .take(need)
-                .collect();
+            let gpus: Vec<u32> = self.free_gpus(at).into_iter().take(need).collect();
             self.queue.pop_front();
             let id = self.next_lease;
             self.next_lease += 1;
-            self.on_node[at].insert(id);
-            self.held[at] += gpus.len();
+            let n = &mut self.nodes[at];
+            n.leases.insert(id);
+            n.held += gpus.len();
+            let node = n.name.clone();
             self.leases.insert(
                 id,
                 PlanLease {
@@ -177,10 +184,16 @@ impl PlanController {
 impl Controller for PlanController {
     fn register(&mut self, _now: UnixMillis, node: &str, gpus: Vec<GpuInfo>) -> Result<(), String> {
         if let Err(at) = self.position(node) {
-            self.nodes.insert(at, (node.to_owned(), gpus.len() as u32));
-            self.lent.insert(at, false);
-            self.on_node.insert(at, BTreeSet::new());
-            self.held.insert(at, 0);
+            self.nodes.insert(
+                at,
+                PlanNode {
+                    name: node.to_owned(),
+                    gpus: gpus.len() as u32,
+                    lent: false,
+                    leases: BTreeSet::new(),
+                    held: 0,
+                },
+            );
             for l in self.leases.values_mut().filter(|l| l.at >= at) {
                 l.at += 1;
             }
@@ -194,7 +207,7 @@ impl Controller for PlanController {
         let Ok(at) = self.position(node) else {
             return Ok(());
         };
-        let ids: Vec<u64> = self.on_node[at].iter().copied().collect();
+        let ids: Vec<u64> = self.nodes[at].leases.iter().copied().collect();
         for id in ids {
             let Some((job, revoked)) = self.leases.get(&id).map(|l| (l.job, l.revoked)) else {
                 continue;
@@ -240,15 +253,15 @@ impl Controller for PlanController {
         let first_lent = self.nodes.len().saturating_sub(lend);
         for i in 0..self.nodes.len() {
             let want = i >= first_lent;
-            if self.lent[i] != want {
-                let node = self.nodes[i].0.clone();
-                for id in &self.on_node[i] {
+            if self.nodes[i].lent != want {
+                let node = self.nodes[i].name.clone();
+                for id in &self.nodes[i].leases {
                     if let Some(l) = self.leases.get_mut(id) {
                         l.revoked = true;
                     }
                 }
                 self.bump(&node);
-                self.lent[i] = want;
+                self.nodes[i].lent = want;
             }
         }
         self.place(now);
@@ -265,7 +278,8 @@ impl Controller for PlanController {
     fn desired(&self, node: &str) -> Option<DesiredNode> {
         let version = *self.versions.get(node)?;
         let at = self.position(node).ok()?;
-        let leases = self.on_node[at]
+        let leases = self.nodes[at]
+            .leases
             .iter()
             .filter_map(|id| self.leases.get(id))
             .filter(|l| !l.revoked)
@@ -284,7 +298,7 @@ impl Controller for PlanController {
             .collect();
         Some(DesiredNode {
             version,
-            serve: !self.lent[at],
+            serve: !self.nodes[at].lent,
             leases,
             lease_ttl_ms: self.lease_ttl_ms,
         })
@@ -301,7 +315,7 @@ impl Controller for PlanController {
                 if let Some(first) = owner.insert((l.at, *g), l.id) {
                     out.push(format!(
                         "node {} gpu {g}: leases {first} and {}",
-                        self.nodes[l.at].0, l.id
+                        self.nodes[l.at].name, l.id
                     ));
                 }
             }
