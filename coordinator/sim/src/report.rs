@@ -128,7 +128,7 @@ impl Figures {
 }
 
 /// `n` things, `noun` in the plural where `n` is not one (`es` after a sibilant).
-pub fn count(n: u64, noun: &str) -> String {
+fn count(n: u64, noun: &str) -> String {
     match (n, noun.ends_with("ch") || noun.ends_with('s')) {
         (1, _) => format!("1 {noun}"),
         (_, true) => format!("{n} {noun}es"),
