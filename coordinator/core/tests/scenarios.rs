@@ -25,6 +25,15 @@ fn states(c: &Cluster) -> String {
         .join(" ")
 }
 
+/// One 4-GPU node `a` and one job, `train` on `gpus` GPUs, that runs `run_s` seconds once
+/// started: the setup most scenarios start from.
+fn node_a_with_train(gpus: u32, run_s: u32) -> Cluster {
+    let mut c = Cluster::new(config(0), &[("a", 4)]);
+    c.agent("a").durations.insert(1, run_s);
+    c.core.submit(c.now, spec("train", gpus)).unwrap();
+    c
+}
+
 #[test]
 fn idle_replica_is_lent_only_after_the_window_and_only_for_a_queued_job() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
@@ -50,9 +59,7 @@ fn idle_replica_is_lent_only_after_the_window_and_only_for_a_queued_job() {
 
 #[test]
 fn surge_reclaims_the_node_and_the_job_is_requeued_then_resumes() {
-    let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 30);
-    c.core.submit(c.now, spec("train", 4)).unwrap();
+    let mut c = node_a_with_train(4, 30);
     c.run(10);
     assert_eq!(
         (modes(&c), states(&c)),
@@ -176,9 +183,7 @@ fn bad_submissions_are_refused_and_change_nothing() {
 
 #[test]
 fn cancel_stops_a_running_job_and_frees_the_node() {
-    let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 100);
-    c.core.submit(c.now, spec("train", 2)).unwrap();
+    let mut c = node_a_with_train(2, 100);
     c.run(8);
     assert_eq!(states(&c), "1:running#1");
     c.core.cancel(c.now, 1).unwrap();
@@ -193,9 +198,7 @@ fn cancel_stops_a_running_job_and_frees_the_node() {
 
 #[test]
 fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
-    let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 100);
-    c.core.submit(c.now, spec("train", 2)).unwrap();
+    let mut c = node_a_with_train(2, 100);
     c.core.submit(c.now, spec("later", 4)).unwrap();
     c.run(8);
     let before = c.core.jobs();
@@ -237,9 +240,7 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
 
 #[test]
 fn leases_restored_for_a_node_not_yet_known_are_its_own_once_it_registers() {
-    let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 100);
-    c.core.submit(c.now, spec("train", 2)).unwrap();
+    let mut c = node_a_with_train(2, 100);
     c.run(8);
     let (next_job_id, next_lease_id, next_epoch) = c.core.next_ids();
     let jobs = c.core.jobs();
