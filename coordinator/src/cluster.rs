@@ -504,21 +504,32 @@ impl Cluster {
     /// Reads the core at the current time. What it reads was saved: if calls before it are
     /// still being written, it waits for them.
     pub fn read<T>(&self, f: impl FnOnce(&Core, UnixMillis) -> T) -> T {
+        self.read_saved(|inner| f(&inner.core, now_ms()))
+    }
+
+    /// Reads the core and the pipeline runs; what it reads was saved, as with
+    /// [`Cluster::read`]. So what the store holds beside them (the images a finished step's
+    /// jobs ran, written in the same batch as their end) is there to be read after.
+    pub fn read_pipelines<T>(&self, f: impl FnOnce(&Core, &Pipelines) -> T) -> T {
+        self.read_saved(|inner| f(&inner.core, &inner.pipelines))
+    }
+
+    /// Reads the core as it is in memory, which may run ahead of the store by the batch
+    /// being written: for `/metrics`, which must not wait for commits.
+    pub fn peek<T>(&self, f: impl FnOnce(&Core) -> T) -> T {
+        f(&lock(&self.inner).core)
+    }
+
+    fn read_saved<T>(&self, f: impl FnOnce(&Inner) -> T) -> T {
         let (value, seq) = {
             let inner = lock(&self.inner);
             let seq = lock(&self.queue).staged;
-            (f(&inner.core, now_ms()), seq)
+            (f(&inner), seq)
         };
         // A failed write has rebuilt the core already; the caller sees the error on its
         // next change, so a read only waits.
         let _ = self.durable_blocking(seq);
         value
-    }
-
-    /// Reads the core and the pipeline runs.
-    pub fn read_pipelines<T>(&self, f: impl FnOnce(&Core, &Pipelines) -> T) -> T {
-        let inner = lock(&self.inner);
-        f(&inner.core, &inner.pipelines)
     }
 
     /// A receiver of `node`'s desired-state version, or `None` for an unknown node.
@@ -556,5 +567,48 @@ impl Cluster {
     fn decision_interval_ms(&self) -> u64 {
         let spacing_ms = self.decision_us.load(Ordering::Relaxed) * DECISION_SPACING / 1_000;
         DECISION_INTERVAL_MS.max(spacing_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_of_the_pipelines_waits_for_what_was_queued_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let cluster =
+            Cluster::open(CoreConfig::default(), AccountingConfig::default(), store).unwrap();
+        let image = |store: &Store| store.image_ids(&[7]).unwrap().get(&7).cloned();
+        // A heartbeat's image record, queued for the next commit, as a step's end would be
+        // staged beside it.
+        cluster.enqueue(Changes {
+            images: vec![ImageRecord {
+                job: 7,
+                attempt: 1,
+                node: "a".into(),
+                image_id: "sha256:aa".into(),
+                at: 1,
+            }],
+            ..Changes::default()
+        });
+        assert_eq!(cluster.query_store(image), None, "not written yet");
+        // What a pipeline view reads is saved, so the images read beside it are there.
+        cluster.read_pipelines(|_, _| ());
+        assert_eq!(cluster.query_store(image), Some("sha256:aa".into()));
+        // `/metrics` reads without waiting.
+        cluster.enqueue(Changes {
+            images: vec![ImageRecord {
+                job: 7,
+                attempt: 2,
+                node: "a".into(),
+                image_id: "sha256:bb".into(),
+                at: 2,
+            }],
+            ..Changes::default()
+        });
+        cluster.peek(|_| ());
+        assert_eq!(cluster.query_store(image), Some("sha256:aa".into()));
     }
 }

@@ -112,7 +112,7 @@ async fn metrics(axum::extract::State(cluster): axum::extract::State<Arc<Cluster
             0
         })
     });
-    let text = cluster.read_pipelines(|core, _| {
+    let text = cluster.peek(|core| {
         cluster
             .metrics
             .render(core, crate::cluster::now_ms(), harvested)
