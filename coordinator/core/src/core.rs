@@ -347,6 +347,7 @@ impl Core {
                     JobEvent::MemberLost {
                         lease: *id,
                         message,
+                        ran: false,
                     },
                 );
             } else {
@@ -382,6 +383,7 @@ impl Core {
                             Some(JobEvent::MemberLost {
                                 lease: lease.id,
                                 message: format!("stopped on node {node} (exit code {exit_code})"),
+                                ran: true,
                             })
                         } else {
                             let outputs = run.map(|r| r.outputs.clone()).unwrap_or_default();
@@ -403,7 +405,12 @@ impl Core {
                     None if lease.revoked || applied >= lease.granted_version.max(1) => {
                         Some(JobEvent::MemberLost {
                             lease: lease.id,
-                            message: format!("container vanished from node {node}"),
+                            message: if lease.revoked {
+                                format!("its lease on node {node} was revoked")
+                            } else {
+                                format!("container vanished from node {node}")
+                            },
+                            ran: false,
                         })
                     }
                     None => None,
@@ -638,7 +645,11 @@ impl Core {
                     now,
                     lease.job,
                     id,
-                    JobEvent::MemberLost { lease: id, message },
+                    JobEvent::MemberLost {
+                        lease: id,
+                        message,
+                        ran: false,
+                    },
                 );
             } else {
                 self.release(now, id, true);
@@ -671,8 +682,17 @@ impl Core {
     ) -> Result<(), CoreError> {
         let job = self.jobs.get_mut(&id).ok_or(CoreError::UnknownJob(id))?;
         let (state, attempt) = (job.state, job.attempt);
-        let preemption =
-            matches!(event, JobEvent::MemberLost { .. }) || matches!(state, JobState::Preempting);
+        // A lease taken back before its attempt began (no member reported running or
+        // exited) preempted nothing: no work was lost.
+        let began = job.attempt_began()
+            || matches!(
+                event,
+                JobEvent::MemberExited { .. } | JobEvent::MemberLost { ran: true, .. }
+            );
+        let preemption = began
+            && !matches!(event, JobEvent::MemberStartFailed { .. })
+            && (matches!(event, JobEvent::MemberLost { .. })
+                || matches!(state, JobState::Preempting));
         // The job's leases change only by the member that leaves, or when it is leased
         // (which moves it out of the queue): the state and the lease that left tell.
         let released = job.apply(now, event)?;

@@ -28,8 +28,13 @@ pub enum JobEvent {
     /// A member's container could not be started, e.g. its image is missing.
     MemberStartFailed { lease: u64, message: String },
     /// A member's container is gone without finishing: stopped for a reclaim, vanished, or its
-    /// lease expired with its node silent. Not the job's fault.
-    MemberLost { lease: u64, message: String },
+    /// lease expired with its node silent. Not the job's fault. `ran` is true when the agent
+    /// reported the container itself (it exited): it existed, so its attempt began.
+    MemberLost {
+        lease: u64,
+        message: String,
+        ran: bool,
+    },
     /// It has run for its whole `maxRunSeconds`: it is stopped and fails, without a retry.
     RunLimit,
 }
@@ -173,6 +178,16 @@ impl Job {
             None => None,
         };
         let last = self.leases.is_empty();
+        let ran = matches!(
+            event,
+            JobEvent::MemberExited { .. } | JobEvent::MemberLost { ran: true, .. }
+        );
+        let began = self.attempt_started_at;
+        if ran && !self.state.is_finished() {
+            // A container that exited existed: its attempt began (seen first now, so it adds
+            // no run time).
+            self.attempt_started_at.get_or_insert(now);
+        }
         let next = match (self.state, event) {
             (Queued, JobEvent::Leased { leases }) if !leases.is_empty() => {
                 self.leases = leases;
@@ -186,8 +201,12 @@ impl Job {
                 self.attempt_started_at.get_or_insert(now);
                 Running
             }
-            // Still running while it is being stopped: nothing changes.
-            (Preempting | Cancelling | Failing, JobEvent::Started) => self.state,
+            // Running while it is being stopped: its attempt began, nothing else changes.
+            (Preempting | Cancelling | Failing, JobEvent::Started) => {
+                self.started_at.get_or_insert(now);
+                self.attempt_started_at.get_or_insert(now);
+                self.state
+            }
             (Starting | Running, JobEvent::Preempt) => Preempting,
             (Running, JobEvent::RunLimit) => {
                 let limit = self.spec.max_run_seconds.unwrap_or(0);
@@ -244,12 +263,18 @@ impl Job {
                 self.message = Some(message);
                 if last { self.requeue(now) } else { Preempting }
             }
-            (
-                Preempting,
-                JobEvent::MemberExited { .. }
-                | JobEvent::MemberLost { .. }
-                | JobEvent::MemberStartFailed { .. },
-            ) => {
+            // A member that cannot start fails the attempt, preempted or not: requeued as a
+            // preemption, it would be lent again and again, never spending its retries.
+            (Preempting, JobEvent::MemberStartFailed { message, .. }) => {
+                self.message = Some(message);
+                if last {
+                    self.fail_or_retry(now)
+                } else {
+                    Failing
+                }
+            }
+            (Preempting, JobEvent::MemberExited { .. })
+            | (Preempting, JobEvent::MemberLost { .. }) => {
                 if last {
                     self.requeue(now)
                 } else {
@@ -284,6 +309,7 @@ impl Job {
                 if let Some((at, lease)) = left {
                     self.leases.insert(at, lease);
                 }
+                self.attempt_started_at = began;
                 return Err(illegal);
             }
         };
@@ -307,8 +333,25 @@ impl Job {
         state
     }
 
-    /// Back to the queue after a preemption: a new attempt, no failure counted.
+    /// Whether the current attempt began: a member's container was reported running (or
+    /// exited). A lease taken back before then started nothing.
+    pub fn attempt_began(&self) -> bool {
+        self.attempt_started_at.is_some()
+    }
+
+    /// Back to the queue after a preemption: a new attempt, no failure counted. An attempt
+    /// that never began (every lease taken back before its container was reported) is no
+    /// attempt and no preemption: the job goes back as it was.
     fn requeue(&mut self, now: UnixMillis) -> JobState {
+        if !self.attempt_began() {
+            let why = self
+                .message
+                .take()
+                .map(|m| format!(" ({m})"))
+                .unwrap_or_default();
+            self.message = Some(format!("requeued before its container started{why}"));
+            return JobState::Queued;
+        }
         self.end_attempt(now);
         self.attempt += 1;
         self.preemptions += 1;
@@ -429,6 +472,7 @@ mod tests {
             JobEvent::MemberLost {
                 lease: 2,
                 message: "stopped".into(),
+                ran: true,
             },
         )
         .unwrap();
@@ -444,6 +488,7 @@ mod tests {
             JobEvent::MemberLost {
                 lease: 1,
                 message: "lease expired".into(),
+                ran: false,
             },
         )
         .unwrap();
@@ -488,7 +533,8 @@ mod tests {
                 5,
                 JobEvent::MemberLost {
                     lease: 4,
-                    message: "gone".into()
+                    message: "gone".into(),
+                    ran: false,
                 }
             ),
             Ok(Some(4))

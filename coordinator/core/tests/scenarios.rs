@@ -142,7 +142,9 @@ fn silent_node_loses_its_lease_and_the_job_runs_elsewhere() {
     c.run(8);
     let first = c.core.job(1).unwrap().leases[0].clone();
     c.agent(&first.node).silent = true;
-    c.run(12);
+    // The lease TTL (5 s), then the job's grace period (30 s) and the margin: the old
+    // container has surely been stopped by the node's fail-safe (tests/silent_node.rs).
+    c.run(52);
     let job = c.core.job(1).unwrap();
     let second = job.leases[0].clone();
     assert_ne!(second.node, first.node);
@@ -341,4 +343,103 @@ fn a_job_past_its_run_time_is_stopped_and_fails_without_retry_and_preempted_time
     };
     let restored = Core::restore(config(0), snapshot, c.now);
     assert_eq!(restored.job(1).unwrap(), job);
+}
+
+/// Steps until `states` reads `want`, for at most `steps` steps.
+fn step_until(c: &mut Cluster, want: &str, steps: usize) {
+    for _ in 0..steps {
+        if states(c) == want {
+            return;
+        }
+        c.run(1);
+    }
+    assert_eq!(states(c), want, "never reached within {steps} steps");
+}
+
+#[test]
+fn a_lease_taken_back_before_its_container_started_is_no_attempt_and_no_preemption() {
+    let mut c = node_a_with_train(4, 30);
+    // Leased, the replica still draining: the agent reports the lease pending, no container.
+    step_until(&mut c, "1:starting#1", 20);
+    let granted = c.core.desired("a").unwrap().leases[0].clone();
+    assert_eq!(granted.attempt, 1);
+    c.core.gateway(c.now, "llm", 12).unwrap();
+    assert_eq!(states(&c), "1:preempting#1");
+    c.run(3);
+    let job = c.core.job(1).unwrap();
+    assert_eq!(
+        (job.state, job.attempt, job.preemptions, job.failures),
+        (JobState::Queued, 1, 0, 0),
+        "{job:?}"
+    );
+    assert!(
+        job.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("requeued before its container started")),
+        "{job:?}"
+    );
+    // Lent again, it runs as attempt 1.
+    c.load("a", 0.0, 0.0);
+    step_until(&mut c, "1:running#1", 30);
+    assert_eq!(c.core.desired("a").unwrap().leases[0].attempt, 1);
+    c.run(40);
+    let job = c.core.job(1).unwrap();
+    assert_eq!(
+        (job.state, job.attempt, job.preemptions),
+        (JobState::Succeeded, 1, 0)
+    );
+}
+
+#[test]
+fn a_lease_taken_back_after_its_container_ran_is_still_a_preemption() {
+    let mut c = node_a_with_train(4, 30);
+    step_until(&mut c, "1:running#1", 20);
+    c.core.gateway(c.now, "llm", 12).unwrap();
+    c.run(3);
+    let job = c.core.job(1).unwrap();
+    assert_eq!(
+        (job.state, job.attempt, job.preemptions),
+        (JobState::Queued, 2, 1)
+    );
+}
+
+#[test]
+fn a_member_that_cannot_start_fails_its_attempt_even_while_preempted() {
+    let mut c = Cluster::new(config(0), &[("a", 4)]);
+    let mut job = spec("bad", 4);
+    job.retry.limit = 0;
+    c.core.submit(c.now, job).unwrap();
+    step_until(&mut c, "1:starting#1", 20);
+    let lease = c.core.desired("a").unwrap().leases[0].clone();
+    // The node is taken back before the agent's report of the failed start arrives.
+    c.core.gateway(c.now, "llm", 12).unwrap();
+    assert_eq!(states(&c), "1:preempting#1");
+    let mut beat = c.agent("a").heartbeat();
+    beat.jobs = vec![nightshift_common::JobRun {
+        job_id: 1,
+        attempt: 1,
+        lease_id: lease.lease_id,
+        epoch: lease.epoch,
+        gpus: lease.gpus.clone(),
+        state: nightshift_common::JobRunState::FailedToStart {
+            message: "the container engine refused container x: not a directory".into(),
+        },
+        last_checkpoint_at: None,
+        outputs: Default::default(),
+        image_id: None,
+    }];
+    c.core.heartbeat(c.now, "a", beat).unwrap();
+    c.assert_invariants();
+    let job = c.core.job(1).unwrap();
+    assert_eq!(
+        (job.state, job.failures, job.preemptions),
+        (JobState::Failed, 1, 0),
+        "a failure, not a preemption: {job:?}"
+    );
+    assert!(
+        job.message
+            .as_deref()
+            .is_some_and(|m| m.contains("not a directory")),
+        "{job:?}"
+    );
 }

@@ -136,9 +136,11 @@ impl SimAgent {
             .collect();
         // Jobs not (or no longer) leased are stopped; exited ones are forgotten once their
         // lease is gone from the desired state.
+        // A pending run has no container yet (the replica was still draining): unleased, it
+        // is simply no longer reported, as the real agent does.
         self.runs.retain(|r| {
             leases.iter().any(|l| l.lease_id == r.lease_id)
-                || !matches!(r.state, JobRunState::Exited { .. })
+                || !matches!(r.state, JobRunState::Exited { .. } | JobRunState::Pending)
         });
         for r in &mut self.runs {
             let leased = leases.iter().any(|l| l.lease_id == r.lease_id);
