@@ -32,11 +32,27 @@ pub struct Shared {
     observed: Mutex<Observed>,
     phases: Mutex<VecDeque<PhaseRecord>>,
     next_seq: AtomicU64,
+    /// This process among the agent's restarts (see [`PhaseRecord::instance`]).
+    instance: u64,
     desired: watch::Sender<Option<DesiredNode>>,
     /// When the coordinator last answered a heartbeat.
     last_contact: Mutex<Option<Instant>>,
     /// The agent's own metrics.
     pub telemetry: Telemetry,
+}
+
+/// A random id for this agent process: the standard library's per-process random hash keys,
+/// mixed with the start time and the process id.
+fn instance_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 pub fn now_ms() -> UnixMillis {
@@ -59,6 +75,7 @@ impl Shared {
             }),
             phases: Mutex::new(VecDeque::new()),
             next_seq: AtomicU64::new(1),
+            instance: instance_id(),
             desired: watch::channel(None).0,
             last_contact: Mutex::new(None),
             telemetry: Telemetry::new(),
@@ -95,6 +112,7 @@ impl Shared {
         let duration_ms = took.as_millis() as u64;
         let record = PhaseRecord {
             seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
+            instance: Some(self.instance),
             sequence,
             phase: phase.to_owned(),
             started_at: now_ms().saturating_sub(duration_ms),

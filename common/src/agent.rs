@@ -319,8 +319,15 @@ pub struct Rendezvous {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PhaseRecord {
-    /// Per-agent sequence number, increasing.
+    /// Increasing. From an agent: per agent process (it starts again at 1 when the agent
+    /// restarts, which `instance` tells). From the coordinator (`nightshift nodes`): per
+    /// node, across the agent's restarts.
     pub seq: u64,
+    /// The agent process that recorded it: chosen at random when the agent starts, so that
+    /// the coordinator knows a `seq` that starts again from a restarted agent from an old
+    /// one resent. Absent from agents that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<u64>,
     pub sequence: SequenceKind,
     pub phase: String,
     pub started_at: UnixMillis,

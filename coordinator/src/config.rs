@@ -18,6 +18,10 @@ pub struct CoordinatorConfig {
     pub data_dir: PathBuf,
     pub heartbeat_interval_ms: u64,
     pub lease_ttl_ms: u64,
+    /// How long after a silent node's lease expired its job may start on another node while
+    /// the old container may still run there; unset: until the agent's fail-safe has surely
+    /// stopped it (the job's grace period and 10 s) or the node reports it gone.
+    pub restart_elsewhere_after_s: Option<f64>,
     pub services: Vec<ServiceConfig>,
     /// A job that has run less than this is taken back only when no other lent node will do.
     pub preempt_exempt_s: f64,
@@ -69,6 +73,7 @@ impl Default for CoordinatorConfig {
             data_dir: PathBuf::from("/var/lib/nightshift/coordinator"),
             heartbeat_interval_ms: core.heartbeat_interval_ms,
             lease_ttl_ms: core.lease_ttl_ms,
+            restart_elsewhere_after_s: None,
             services: vec![ServiceConfig::default()],
             preempt_exempt_s: core.preempt_exempt_ms as f64 / 1000.0,
             team_weights: BTreeMap::new(),
@@ -231,6 +236,14 @@ impl CoordinatorConfig {
             return invalid(
                 "lease_ttl_ms".into(),
                 "must be at least twice heartbeat_interval_ms",
+            );
+        }
+        if let Some(v) = self.restart_elsewhere_after_s
+            && !(v.is_finite() && v >= 0.0)
+        {
+            return invalid(
+                "restart_elsewhere_after_s".into(),
+                "must be a duration in seconds >= 0",
             );
         }
         if !(self.preempt_exempt_s.is_finite() && self.preempt_exempt_s >= 0.0) {
@@ -424,6 +437,7 @@ impl CoordinatorConfig {
                     default_reclaim_lead_ms: ms(s.default_reclaim_lead_s),
                 })
                 .collect(),
+            restart_elsewhere_after_ms: self.restart_elsewhere_after_s.map(ms),
             preempt_exempt_ms: ms(self.preempt_exempt_s),
             team_weights: self.team_weights.clone(),
             rendezvous_port_base: self.rendezvous_port_base,
@@ -460,6 +474,24 @@ mod tests {
         assert_eq!(core.services[0].name, "chat");
         assert_eq!(core.services[0].min_replicas, 2);
         assert_eq!(core.services[0].scale_down.window_ms, 60_000);
+    }
+
+    #[test]
+    fn restart_elsewhere_after_s_reaches_the_core_and_must_not_be_negative() {
+        assert_eq!(
+            CoordinatorConfig::default()
+                .core()
+                .restart_elsewhere_after_ms,
+            None
+        );
+        let (_d, path) = write("restart_elsewhere_after_s = 0\n");
+        let core = CoordinatorConfig::load(Some(&path)).unwrap().core();
+        assert_eq!(core.restart_elsewhere_after_ms, Some(0));
+        let (_d, path) = write("restart_elsewhere_after_s = -1\n");
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("restart_elsewhere_after_s"), "{err}");
     }
 
     #[test]

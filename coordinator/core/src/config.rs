@@ -9,6 +9,14 @@ pub struct CoreConfig {
     /// long is unreachable: its leases expire and their jobs are requeued.
     pub lease_ttl_ms: u64,
     pub services: Vec<ServicePolicy>,
+    /// How long after a silent node's lease expired its job may start on another node, while
+    /// the old container may still run there. `None`: until the old container has surely
+    /// stopped, as the agent's fail-safe bounds it (it stops a job once the coordinator is
+    /// silent past the lease TTL: checkpoint signal, the job's grace period, kill), that is
+    /// the job's grace period plus [`STRAGGLER_MARGIN_MS`] after the lease expired, or until
+    /// the node reports the container gone, whichever comes first. `Some(0)` starts the job
+    /// elsewhere at once (two attempts may then run side by side for a while).
+    pub restart_elsewhere_after_ms: Option<u64>,
     /// A job that has run less than this is taken back only when no other lent node will do
     /// (like Slurm's `PreemptExemptTime`).
     pub preempt_exempt_ms: u64,
@@ -30,6 +38,7 @@ impl Default for CoreConfig {
             heartbeat_interval_ms: 1_000,
             lease_ttl_ms: 30_000,
             services: vec![ServicePolicy::default()],
+            restart_elsewhere_after_ms: None,
             preempt_exempt_ms: 0,
             team_weights: std::collections::BTreeMap::new(),
             rendezvous_port_base: 29_500,
@@ -37,6 +46,11 @@ impl Default for CoreConfig {
         }
     }
 }
+
+/// What the hold of a silent node's job adds to its grace period: the agent's fail-safe
+/// noticing the silence (a reconcile pass), the kill after the grace period and the
+/// container's removal, and the coordinator's own tick.
+pub const STRAGGLER_MARGIN_MS: u64 = 10_000;
 
 /// When a service lends replicas' GPUs and when it takes them back.
 #[derive(Debug, Clone, PartialEq)]

@@ -40,6 +40,16 @@ pub enum Violation {
         leases: usize,
         gpus: usize,
     },
+    #[error(
+        "job {job}: lease {lease} is live while the container of its expired lease {straggler} \
+         may still run on silent node {node}"
+    )]
+    TwoLiveContainers {
+        job: u64,
+        lease: u64,
+        straggler: u64,
+        node: String,
+    },
     #[error("job {job}: the queue index does not match its record")]
     JobIndexStale { job: u64 },
     #[error("job {job}: state {state} does not match its lease ({lease})")]
@@ -58,6 +68,7 @@ impl Core {
         self.check_fencing(&mut out);
         self.check_jobs(&mut out);
         self.check_held(&mut out);
+        self.check_stragglers(&mut out);
         if let Some(job) = self.index.stale_entry(self.jobs.values()) {
             out.push(Violation::JobIndexStale { job });
         }
@@ -75,6 +86,29 @@ impl Core {
                     counted_gpus: n.held.gpus,
                     leases: table.leases,
                     gpus: table.gpus,
+                });
+            }
+        }
+    }
+
+    /// No job has two live containers, as far as the core can know: a job whose expired
+    /// lease's container may still run on a silent node holds no live lease elsewhere.
+    fn check_stragglers(&self, out: &mut Vec<Violation>) {
+        for s in self.leases.stragglers() {
+            let Some(job) = self.jobs.get(&s.job) else {
+                continue;
+            };
+            if let Some(l) = job
+                .leases
+                .iter()
+                .filter_map(|id| self.leases.get(*id))
+                .find(|l| !l.revoked)
+            {
+                out.push(Violation::TwoLiveContainers {
+                    job: s.job,
+                    lease: l.id,
+                    straggler: s.lease,
+                    node: s.node.clone(),
                 });
             }
         }

@@ -9,6 +9,10 @@
 //! one node holds, not what the whole cluster holds: the leases of each node (renewal on a
 //! heartbeat, the free GPUs of a node) and the leases by expiry (what expired, the next
 //! deadline).
+//!
+//! Beside the leases it keeps the *stragglers*: leases that expired because their node went
+//! silent, whose container may still be running there until the node's fail-safe has stopped
+//! it. Their job is not started elsewhere meanwhile ([`crate::Core`] holds it in the queue).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,6 +36,22 @@ pub struct Lease {
     pub granted_version: u64,
 }
 
+/// An expired lease of a silent node whose container may still run: until `until` (the
+/// bound the agent's fail-safe keeps, or the operator's `restart_elsewhere_after_s`), or
+/// until the node reports the container gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Straggler {
+    pub lease: u64,
+    pub epoch: u64,
+    pub job: u64,
+    pub node: String,
+    /// No other attempt of the job starts before this.
+    pub until: UnixMillis,
+    /// The node's desired-state version that no longer lists the lease: a report from an
+    /// agent that has applied it lists every container it still has.
+    pub released_version: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LeaseTable {
     leases: BTreeMap<u64, Lease>,
@@ -41,6 +61,9 @@ pub(crate) struct LeaseTable {
     by_expiry: BTreeSet<(UnixMillis, u64)>,
     next_id: u64,
     next_epoch: u64,
+    /// Stragglers by `(node, lease id)`. Not persisted: after a restart only their time bound
+    /// (the job's `not_before`) holds their jobs back.
+    stragglers: BTreeMap<(String, u64), Straggler>,
 }
 
 impl LeaseTable {
@@ -175,6 +198,36 @@ impl LeaseTable {
 
     pub(crate) fn next_expiry(&self) -> Option<UnixMillis> {
         self.by_expiry.first().map(|(at, _)| *at)
+    }
+
+    pub(crate) fn add_straggler(&mut self, s: Straggler) {
+        self.stragglers.insert((s.node.clone(), s.lease), s);
+    }
+
+    /// The stragglers of `node`, by lease id (usually none, found without allocating).
+    pub(crate) fn stragglers_on(&self, node: &str) -> Vec<Straggler> {
+        if self.stragglers.is_empty() {
+            return Vec::new();
+        }
+        self.stragglers
+            .range((node.to_owned(), 0)..=(node.to_owned(), u64::MAX))
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    pub(crate) fn stragglers(&self) -> impl Iterator<Item = &Straggler> {
+        self.stragglers.values()
+    }
+
+    pub(crate) fn forget_straggler(&mut self, node: &str, lease: u64) -> Option<Straggler> {
+        self.stragglers.remove(&(node.to_owned(), lease))
+    }
+
+    /// Forgets the stragglers whose bound has passed at `now`.
+    pub(crate) fn forget_stragglers_until(&mut self, now: UnixMillis) {
+        if !self.stragglers.is_empty() {
+            self.stragglers.retain(|_, s| s.until > now);
+        }
     }
 }
 

@@ -21,12 +21,12 @@ mod schedule;
 mod snapshot;
 
 pub use crate::calendar::{HarvestWindow, WindowError};
-pub use crate::config::{CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
+pub use crate::config::{CoreConfig, STRAGGLER_MARGIN_MS, ScaleDown, ScaleUp, ServicePolicy};
 pub use crate::core::{Core, CoreError, Effect, Usage};
 pub use crate::forecast::Profile;
 pub use crate::invariants::Violation;
 pub use crate::job::{IllegalTransition, Job, JobEvent};
-pub use crate::lease::Lease;
+pub use crate::lease::{Lease, Straggler};
 pub use crate::node::Node;
 pub use crate::snapshot::{CoreSnapshot, NodeSnapshot};
 

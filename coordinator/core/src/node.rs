@@ -31,7 +31,14 @@ pub struct Node {
     pub gpu_status: Vec<GpuStatus>,
     pub replica: Option<ReplicaStatus>,
     pub runs: Vec<JobRun>,
+    /// The phases kept, each numbered by the node (`seq`) in the order they arrived.
     pub phases: VecDeque<PhaseRecord>,
+    /// The last phase taken from the agent: its process and its own `seq`. A record from
+    /// another process (the agent restarted, its `seq` starts again) is new whatever its
+    /// `seq`.
+    phase_cursor: (Option<u64>, u64),
+    /// Phases taken from the agent so far: the `seq` of the latest kept.
+    phases_taken: u64,
     /// The latest complete reclaim among `phases`, in milliseconds (see
     /// [`Node::reclaim_ms`]), worked out when phases arrive rather than on every decision.
     reclaim_ms: Option<u64>,
@@ -87,6 +94,8 @@ impl Node {
             replica: None,
             runs: Vec::new(),
             phases: VecDeque::new(),
+            phase_cursor: (None, 0),
+            phases_taken: 0,
             reclaim_ms: None,
             held: Held::default(),
         }
@@ -160,11 +169,22 @@ impl Node {
             .map(|s| s.index)
     }
 
+    /// Keeps the phases of a heartbeat not taken before (a heartbeat resends the agent's
+    /// recent ones), renumbered in the node's own sequence so that readers keep one cursor
+    /// across the agent's restarts.
     pub(crate) fn record_phases(&mut self, phases: &[PhaseRecord]) {
-        let last = self.phases.back().map_or(0, |p| p.seq);
         let mut added = false;
-        for p in phases.iter().filter(|p| p.seq > last) {
-            self.phases.push_back(p.clone());
+        for p in phases {
+            let (instance, last) = self.phase_cursor;
+            if p.instance == instance && p.seq <= last {
+                continue;
+            }
+            self.phase_cursor = (p.instance, p.seq);
+            self.phases_taken += 1;
+            self.phases.push_back(PhaseRecord {
+                seq: self.phases_taken,
+                ..p.clone()
+            });
             added = true;
             if self.phases.len() > PHASES_KEPT {
                 self.phases.pop_front();
@@ -237,5 +257,44 @@ mod tests {
         assert!(!same_occupied(&[running(&[2])], &[running(&[2, 3])]));
         assert!(!same_occupied(&[running(&[2, 3])], &[running(&[2])]));
         assert!(!same_occupied(&[running(&[1])], &[exited(&[1])]));
+    }
+
+    fn phase(instance: u64, seq: u64, name: &str) -> PhaseRecord {
+        PhaseRecord {
+            seq,
+            instance: Some(instance),
+            sequence: nightshift_common::SequenceKind::Reclaim,
+            phase: name.into(),
+            started_at: 0,
+            duration_ms: 1,
+        }
+    }
+
+    fn kept(n: &Node) -> Vec<(u64, String)> {
+        n.phases.iter().map(|p| (p.seq, p.phase.clone())).collect()
+    }
+
+    #[test]
+    fn phases_of_a_restarted_agent_are_kept_and_resent_ones_are_not() {
+        let mut n = Node::new("a", "llm", Vec::new(), 0);
+        n.record_phases(&[phase(7, 1, "stop_jobs"), phase(7, 2, "confirm_free")]);
+        // Resent with the next heartbeat, with one more.
+        n.record_phases(&[
+            phase(7, 1, "stop_jobs"),
+            phase(7, 2, "confirm_free"),
+            phase(7, 3, "start_replica"),
+        ]);
+        // The agent restarted: its own numbering starts again at 1.
+        n.record_phases(&[phase(9, 1, "wait_health")]);
+        n.record_phases(&[phase(9, 1, "wait_health")]);
+        assert_eq!(
+            kept(&n),
+            [
+                (1, "stop_jobs".into()),
+                (2, "confirm_free".into()),
+                (3, "start_replica".into()),
+                (4, "wait_health".into()),
+            ]
+        );
     }
 }
