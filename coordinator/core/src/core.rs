@@ -20,7 +20,7 @@ use nightshift_common::{
 use crate::config::CoreConfig;
 use crate::index::JobIndex;
 use crate::job::{IllegalTransition, Job, JobEvent};
-use crate::lease::{Lease, LeaseTable};
+use crate::lease::{Lease, LeaseTable, Straggler};
 use crate::node::{Held, Node};
 use crate::snapshot::{CoreSnapshot, NodeSnapshot};
 
@@ -423,6 +423,7 @@ impl Core {
                 }
             })
             .collect();
+        self.stragglers_reported_gone(node);
         for told in told {
             if let Some(at) = told.checkpoint_at
                 && let Some(job) = self.jobs.get_mut(&told.job)
@@ -612,6 +613,7 @@ impl Core {
         let changes_before = self.changes;
         self.enforce_run_limits(now);
         self.expire_leases(now);
+        self.leases.forget_stragglers_until(now);
         let services: Vec<String> = self.services.keys().cloned().collect();
         for service in &services {
             self.autoscale(now, service);
@@ -651,8 +653,78 @@ impl Core {
                         ran: false,
                     },
                 );
+                self.hold_for_straggler(now, &lease);
             } else {
                 self.release(now, id, true);
+            }
+        }
+    }
+
+    /// The container of `lease`, expired because its node went silent, may still run there:
+    /// its job starts nowhere else until the bound of [`CoreConfig::restart_elsewhere_after_ms`]
+    /// has passed or the node reports the container gone.
+    fn hold_for_straggler(&mut self, now: UnixMillis, lease: &Lease) {
+        let Some(job) = self.jobs.get_mut(&lease.job) else {
+            return;
+        };
+        let hold = self.config.restart_elsewhere_after_ms.unwrap_or_else(|| {
+            u64::from(job.spec.checkpoint.grace_period_seconds) * 1000
+                + crate::config::STRAGGLER_MARGIN_MS
+        });
+        let until = lease.expires_at.saturating_add(hold);
+        if until <= now || job.state.is_finished() {
+            return;
+        }
+        if job.not_before < Some(until) {
+            job.not_before = Some(until);
+        }
+        let released_version = self.nodes.get(&lease.node).map_or(0, |n| n.desired_version);
+        self.leases.add_straggler(Straggler {
+            lease: lease.id,
+            epoch: lease.epoch,
+            job: lease.job,
+            node: lease.node.clone(),
+            until,
+            released_version,
+        });
+        self.effect(Effect::JobChanged(lease.job));
+    }
+
+    /// Forgets the stragglers of `node` whose container its report shows gone (no longer
+    /// listed, or exited, by an agent that has applied the state without their lease), and
+    /// lets their jobs be placed again.
+    fn stragglers_reported_gone(&mut self, node: &str) {
+        let Some(n) = self.nodes.get(node) else {
+            return;
+        };
+        let gone: Vec<Straggler> = self
+            .leases
+            .stragglers_on(node)
+            .into_iter()
+            .filter(|s| {
+                n.applied_version >= s.released_version
+                    && !n.runs.iter().any(|r| {
+                        r.lease_id == s.lease
+                            && r.epoch == s.epoch
+                            && !matches!(r.state, JobRunState::Exited { .. })
+                    })
+            })
+            .collect();
+        for s in gone {
+            self.leases.forget_straggler(node, s.lease);
+            // Another member's straggler may still hold the job.
+            let rest = self
+                .leases
+                .stragglers()
+                .filter(|o| o.job == s.job)
+                .map(|o| o.until)
+                .max();
+            if let Some(job) = self.jobs.get_mut(&s.job)
+                && job.not_before == Some(s.until)
+                && rest.is_none_or(|r| r < s.until)
+            {
+                job.not_before = rest;
+                self.effect(Effect::JobChanged(s.job));
             }
         }
     }
@@ -1007,6 +1079,11 @@ impl Core {
             last_heartbeat: n.last_heartbeat,
             recent_phases: n.phases.iter().cloned().collect(),
         }
+    }
+
+    /// Expired leases of silent nodes whose containers may still run, holding their jobs.
+    pub fn stragglers(&self) -> impl Iterator<Item = &Straggler> {
+        self.leases.stragglers()
     }
 
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
