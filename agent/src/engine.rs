@@ -30,6 +30,10 @@ pub struct ContainerSpec {
     pub stop_signal: Option<String>,
     /// Files placed in the container before it starts: absolute path, content.
     pub files: Vec<(String, Vec<u8>)>,
+    /// Supplementary groups (numeric ids) of the container's processes, whatever user the
+    /// image runs as: a job's is the group of its directories, which only owner and group
+    /// may write.
+    pub groups: Vec<u32>,
     /// What a job's accepted `sandbox:` grants beyond an unprivileged container: host
     /// namespaces, capabilities, devices and host mounts.
     pub sandbox: nightshift_common::Sandbox,
@@ -92,6 +96,12 @@ pub enum EngineError {
         path: String,
         limit: u64,
     },
+    /// The engine answered and refused to create, prepare or start this container: the
+    /// container's specification is at fault (a file under a path that is a file in the
+    /// image, an environment value the runtime rejects, a missing entrypoint), not the engine
+    /// or the host, so retrying the same container cannot help. Carries the engine's reason.
+    #[error("the container engine refused container {container}: {reason}")]
+    Refused { container: String, reason: String },
     #[error("container engine: {0}")]
     Other(String),
 }
@@ -114,7 +124,9 @@ pub trait Engine: Send + Sync + 'static {
     fn inspect(&self, id: &str) -> impl Future<Output = Result<Container, EngineError>> + Send;
 
     /// Creates and starts a container; returns its id. Fails with `ImageMissing` when the
-    /// image is not on the host.
+    /// image is not on the host and `Refused` when the engine answers that it cannot create,
+    /// prepare or start this container (nothing is left behind then); any other error (the
+    /// engine unreachable, say) is the engine's, not the container's.
     fn run(&self, spec: &ContainerSpec)
     -> impl Future<Output = Result<String, EngineError>> + Send;
 

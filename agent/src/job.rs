@@ -16,6 +16,13 @@ const MAX_OUTPUTS: usize = 32;
 /// ... of at most this many bytes each.
 const MAX_OUTPUT_BYTES: u64 = 64 << 10;
 
+/// The mode of a job's checkpoint and output directories: read, write and enter for their
+/// owner (the agent) and group, nothing for others; set-group-ID, so that what the job
+/// creates there belongs to the group too and a later attempt running as another user can
+/// still replace it. Not 0777: the checkpoints and outputs of a job (its secrets, say) are
+/// no business of the host's other users.
+pub const JOB_DIR_MODE: u32 = 0o2770;
+
 /// Label carrying the grace period, so that an adopted container is stopped as it asked.
 pub const GRACE_LABEL: &str = "io.nightshift.grace-seconds";
 
@@ -34,14 +41,23 @@ impl JobDirs {
         }
     }
 
-    /// Creates both directories, writable by whatever user the image runs as.
+    /// Creates both directories, mode [`JOB_DIR_MODE`]: the agent's user and group may
+    /// write them, nobody else may even list them. The job's container gets their group as a
+    /// supplementary group ([`JobDirs::group`]), so whatever user its image runs as may write
+    /// there.
     pub fn create(&self) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         for dir in [&self.checkpoint, &self.outputs] {
             std::fs::create_dir_all(dir)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(JOB_DIR_MODE))?;
         }
         Ok(())
+    }
+
+    /// The group that owns the job's directories (the agent's), once created.
+    pub fn group(&self) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.checkpoint).ok().map(|m| m.gid())
     }
 
     /// When the job last wrote to its checkpoint directory: the newest modification time of
@@ -156,6 +172,7 @@ pub fn container_spec(
             .iter()
             .map(|f| (f.path.clone(), f.content.clone().into_bytes()))
             .collect(),
+        groups: dirs.group().into_iter().collect(),
         sandbox: job.sandbox.clone(),
     }
 }
@@ -319,6 +336,21 @@ mod tests {
                 .publish
                 .is_none()
         );
+    }
+
+    #[test]
+    fn job_directories_are_closed_to_others_and_the_container_gets_their_group() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = JobDirs::new(dir.path(), 3);
+        dirs.create().unwrap();
+        for d in [&dirs.checkpoint, &dirs.outputs] {
+            let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o2770, "{} is {mode:o}", d.display());
+        }
+        let gid = std::fs::metadata(&dirs.outputs).unwrap().gid();
+        let spec = container_spec("n1", &lease(), &dirs, GpuAccess::None, "0.0.0.0");
+        assert_eq!(spec.groups, vec![gid]);
     }
 
     #[test]

@@ -117,6 +117,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             return Ok(());
         };
         let leases = self.honoured(&desired.leases);
+        // A start failure is told while its lease is listed; once the coordinator has let the
+        // lease go, there is nothing left to tell.
+        self.start_failures
+            .retain(|id, _| desired.leases.iter().any(|l| l.lease_id == *id));
         self.capture(&containers, &leases).await;
         self.publish_runs(&containers, &leases);
 
@@ -281,8 +285,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
                     lease.epoch = lease.epoch, gpus = ?lease.gpus, container = %id, "job started"
                 ),
-                Err(e @ EngineError::ImageMissing(_)) => {
-                    tracing::warn!(node = %self.node(), job.id = lease.job_id, error = %e, "job cannot start");
+                // The lease's own fault: its attempt fails (reported in the heartbeat) and
+                // the node's other leases go on.
+                Err(e @ (EngineError::ImageMissing(_) | EngineError::Refused { .. })) => {
+                    tracing::warn!(
+                        node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+                        error = %e, "job cannot start"
+                    );
                     self.start_failures.insert(lease.lease_id, e.to_string());
                 }
                 Err(e) => return Err(e.into()),

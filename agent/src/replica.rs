@@ -35,6 +35,7 @@ pub fn container_spec(cfg: &AgentConfig, node: &str, gpus: GpuAccess) -> Contain
             host_port: r.host_port,
         }),
         files: Vec::new(),
+        groups: Vec::new(),
         stop_signal: Some("SIGTERM".to_owned()),
         sandbox: Default::default(),
     }

@@ -84,7 +84,7 @@ impl DockerEngine {
                 } if message.to_ascii_lowercase().contains("image") => {
                     EngineError::ImageMissing(spec.image.clone())
                 }
-                other => engine_error(&spec.name, other),
+                other => refused_or_engine_error(&spec.name, other),
             })?;
         for warning in &created.warnings {
             tracing::warn!(container.name = %spec.name, %warning, "docker create warning");
@@ -107,16 +107,26 @@ impl DockerEngine {
                     path.trim_start_matches('/'),
                     content.as_slice(),
                 )
-                .map_err(|e| EngineError::Other(format!("{}: file {path}: {e}", spec.name)))?;
+                .map_err(|e| EngineError::Refused {
+                    container: spec.name.clone(),
+                    reason: format!("file {path}: {e}"),
+                })?;
         }
-        let bytes = archive
-            .into_inner()
-            .map_err(|e| EngineError::Other(format!("{}: files: {e}", spec.name)))?;
+        let bytes = archive.into_inner().map_err(|e| EngineError::Refused {
+            container: spec.name.clone(),
+            reason: format!("files: {e}"),
+        })?;
         let options = UploadToContainerOptionsBuilder::new().path("/").build();
         self.docker
             .upload_to_container(id, Some(options), bollard::body_full(bytes.into()))
             .await
-            .map_err(|err| engine_error(&spec.name, err))
+            .map_err(|err| match refused_or_engine_error(&spec.name, err) {
+                EngineError::Refused { container, reason } => EngineError::Refused {
+                    container,
+                    reason: format!("placing its files: {reason}"),
+                },
+                other => other,
+            })
     }
 
     /// Starts a created container; removes it when it cannot start, so that a failed `run`
@@ -125,7 +135,7 @@ impl DockerEngine {
         let Err(err) = self.docker.start_container(id, None).await else {
             return Ok(());
         };
-        let err = engine_error(&spec.name, err);
+        let err = refused_or_engine_error(&spec.name, err);
         if let Err(cleanup) = self.remove(id).await {
             tracing::warn!(container.id = %id, error = %cleanup, "cannot remove container that failed to start");
         }
@@ -412,6 +422,23 @@ fn engine_error(subject: &str, err: DockerError) -> EngineError {
     }
 }
 
+/// An error creating, preparing or starting the container `subject`: the engine's answer is
+/// a refusal of this container, carrying the engine's own message; a failure to reach the
+/// engine at all is not, nor a conflict (409: a container of that name appeared meanwhile),
+/// which the next pass resolves.
+fn refused_or_engine_error(subject: &str, err: DockerError) -> EngineError {
+    match err {
+        DockerError::DockerResponseServerError {
+            status_code,
+            message,
+        } if status_code != 409 => EngineError::Refused {
+            container: subject.to_owned(),
+            reason: message,
+        },
+        other => engine_error(subject, other),
+    }
+}
+
 fn is_not_found(err: &DockerError) -> bool {
     matches!(
         err,
@@ -462,6 +489,8 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         exposed_ports: spec.publish.as_ref().map(|publish| vec![port_key(publish)]),
         host_config: Some(HostConfig {
             binds: Some(binds(spec)),
+            group_add: (!spec.groups.is_empty())
+                .then(|| spec.groups.iter().map(u32::to_string).collect()),
             privileged: sandbox.privileged.then_some(true),
             network_mode: sandbox.host_network.then(|| "host".to_owned()),
             pid_mode: sandbox.host_pid.then(|| "host".to_owned()),
