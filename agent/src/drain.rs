@@ -46,7 +46,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             o.replica = ReplicaState::Draining;
             o.replica_url = url.clone();
         });
-        tokio::time::sleep(Duration::from_secs_f64(self.cfg.readiness_grace_s)).await;
+        if !self.wait_readiness_grace().await {
+            tracing::info!(node = %self.node(), "drain abandoned: the node serves again");
+            return Ok(());
+        }
         self.shared
             .record_phase(SequenceKind::Drain, "mark_not_ready", t);
 
@@ -83,6 +86,27 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         self.shared
             .record_phase(SequenceKind::Drain, "confirm_free", t);
         Ok(())
+    }
+
+    /// Waits out the readiness grace (the load balancer's time to notice not-ready), or
+    /// returns false at once when the node should serve again meanwhile: a surge must not
+    /// wait for the grace to end before the replica takes requests again.
+    async fn wait_readiness_grace(&self) -> bool {
+        let mut desired = self.shared.subscribe_desired();
+        let grace = tokio::time::sleep(Duration::from_secs_f64(self.cfg.readiness_grace_s));
+        tokio::pin!(grace);
+        loop {
+            if self.wants_serving() {
+                return false;
+            }
+            tokio::select! {
+                () = &mut grace => return true,
+                // A new desired state; the poll also catches the fail-safe, which turns the
+                // node back to serving without one.
+                _ = desired.changed() => {}
+                () = tokio::time::sleep(POLL) => {}
+            }
+        }
     }
 
     /// Waits until vLLM reports nothing running and nothing waiting, the drain timeout runs
