@@ -35,6 +35,13 @@ rm -rf "$NIGHTSHIFT_TEST_LOGS"
 cargo test --workspace "$@"
 cargo run -q -p nightshift-tests --bin nightshift-logscan -- "$NIGHTSHIFT_TEST_LOGS"
 
+# The fuzz targets, each for a few seconds from its committed corpus (tests/fuzz.sh).
+if [ "${NIGHTSHIFT_SKIP_FUZZ:-}" = 1 ]; then
+    echo "tests/run.sh: NIGHTSHIFT_SKIP_FUZZ=1: the fuzz targets did not run" >&2
+else
+    bash tests/fuzz.sh
+fi
+
 # The packages: build the .deb and .rpm (a release build; cargo-deb and cargo-generate-rpm
 # are installed when missing), check them, install, validate and purge the .debs.
 if [ "${NIGHTSHIFT_SKIP_PACKAGES:-}" = 1 ]; then
