@@ -354,7 +354,11 @@ impl JobSpec {
     }
 }
 
+/// `yaml_serde` stops only at 128 levels and at a count of alias jumps, not at what they
+/// expand to, and its scanner's time grows with the square of the nesting: the shared limits
+/// are checked first ([`crate::yaml::check`]).
 fn yaml_from_str(text: &str) -> Result<JobSpec, SpecError> {
+    crate::yaml::check(text).map_err(|e| SpecError::new("job file", e.to_string()))?;
     yaml_serde::from_str(text).map_err(|e| SpecError::new("job file", e.to_string()))
 }
 
@@ -431,6 +435,57 @@ mod tests {
             .unwrap_err();
         assert!(err.rule.contains("imagePullPolicy"), "{err}");
         assert!(err.rule.contains("line 4"), "{err}");
+    }
+
+    fn refused(text: &str) -> SpecError {
+        match JobSpec::from_yaml(text) {
+            Ok(_) => panic!("accepted a job file of {} bytes", text.len()),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn a_job_file_whose_aliases_expand_past_the_limit_is_refused() {
+        // 100 aliases of a 100 kB string: 10 MB of arguments from a 100 kB file.
+        let text = format!(
+            "name: a\nimage: b\ngpus: 1\ncommand: [&s '{}']\nargs: [{}]\n",
+            "x".repeat(100_000),
+            vec!["*s"; 100].join(", ")
+        );
+        let err = refused(&text);
+        assert_eq!(err.field, "job file");
+        assert!(
+            err.rule.starts_with("line 5: more than the limit of"),
+            "{err}"
+        );
+        assert!(err.rule.contains("bytes of text"), "{err}");
+        // The classic bomb is refused for its size, not for its unknown keys.
+        let mut bomb = format!("x-l1: &l1 [{}]\n", ["lol"; 9].join(", "));
+        for l in 2..=8 {
+            let below = vec![format!("*l{}", l - 1); 9].join(", ");
+            bomb.push_str(&format!("x-l{l}: &l{l} [{below}]\n"));
+        }
+        let err = refused(&bomb);
+        assert!(err.rule.contains("limit of 100000 nodes"), "{err}");
+    }
+
+    #[test]
+    fn a_deeply_nested_job_file_is_refused_at_once() {
+        // 200 kB of brackets: libyaml's scanner, which yaml_serde uses, spent 25 s of CPU
+        // on such a file, time that grows with the square of the depth.
+        let depth = 100_000;
+        let text = format!(
+            "name: a\nimage: b\ngpus: 1\ncommand: {}x{}\n",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        let started = std::time::Instant::now();
+        let err = refused(&text);
+        assert_eq!(
+            err.to_string(),
+            "job file: line 4: nested deeper than the limit of 64 levels"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod job;
 pub mod labels;
 pub mod pipeline;
 pub mod sandbox;
+pub mod yaml;
 
 pub use agent::*;
 pub use api::*;

@@ -7,6 +7,9 @@ use std::fmt;
 pub enum Rule {
     /// The file is not YAML.
     YamlSyntax,
+    /// The file nests deeper, or its aliases expand to more, than nightshift reads
+    /// (`nightshift_common::yaml`'s limits).
+    YamlLimit,
     /// Not an Argo `Workflow` of `argoproj.io/v1alpha1`.
     NotAWorkflow,
     /// A field nightshift does not know at all (often a typo).
@@ -37,6 +40,7 @@ impl Rule {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::YamlSyntax => "yaml-syntax",
+            Self::YamlLimit => "yaml-limit",
             Self::NotAWorkflow => "not-a-workflow",
             Self::UnknownField => "unknown-field",
             Self::UnsupportedFeature => "unsupported-feature",
