@@ -1,5 +1,6 @@
 //! Wiring the agent together: registration, the heartbeat and long-poll loops that keep the
-//! desired state fresh, the reconcile loop that acts on it, and the readiness endpoint.
+//! desired state fresh, the reconcile loop that acts on it, and the HTTP endpoints: the
+//! load balancer's `/ready`, the coordinator's API (`api.rs`) and `/metrics`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,6 +29,14 @@ const RETRY: Duration = Duration::from_secs(1);
 /// are adopted by the next agent.
 pub struct AgentHandle {
     pub shared: Arc<Shared>,
+    /// The load balancer's health check on its bound address, e.g.
+    /// `http://127.0.0.1:7401/ready`.
+    pub ready_url: Option<String>,
+    /// The agent's API (`/status`, job logs) as the coordinator is told to reach it, e.g.
+    /// `https://gpu-01:7402`; none without a readiness listener.
+    pub api_url: Option<String>,
+    /// Where `/metrics` answers, e.g. `http://127.0.0.1:9101/metrics`.
+    pub metrics_url: Option<String>,
     tasks: JoinSet<()>,
 }
 
@@ -58,24 +67,66 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let host: Arc<dyn Host> = Arc::new(SysinfoHost::new());
     let mut tasks = JoinSet::new();
 
-    let (readiness_url, agent_url) = match readiness {
-        Some(listener) => {
-            let addr = listener.local_addr()?;
-            let app = crate::readiness::router(shared.clone()).merge(crate::logs::router(
-                engine.clone(),
-                &node,
-                &cfg.work_dir,
-            ));
-            tasks.spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!(error = %e, "readiness endpoint failed");
-                }
-            });
-            let base = advertised(addr, cfg.advertise_host.as_deref());
-            (Some(format!("{base}/ready")), Some(base))
+    let (mut readiness_url, mut agent_url, mut metrics_url) = (None, None, None);
+    let mut ready_url = None;
+    if let Some(listener) = readiness {
+        let addr = listener.local_addr()?;
+        let mut app = crate::readiness::router(shared.clone());
+        match cfg.metrics_listen {
+            None => {
+                app = app.merge(crate::readiness::metrics_router(shared.clone()));
+                metrics_url = Some(format!("http://{addr}/metrics"));
+            }
+            Some(at) => {
+                let metrics = bind("metrics_listen", at)?;
+                let bound = metrics.local_addr()?;
+                metrics_url = Some(format!("http://{bound}/metrics"));
+                let router = crate::readiness::metrics_router(shared.clone());
+                tasks.spawn(async move {
+                    if let Err(e) = axum::serve(metrics, router).await {
+                        tracing::error!(error = %e, "metrics endpoint failed");
+                    }
+                });
+            }
         }
-        None => (None, None),
-    };
+        tasks.spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "readiness endpoint failed");
+            }
+        });
+        ready_url = Some(format!("http://{addr}/ready"));
+        readiness_url = Some(format!(
+            "{}/ready",
+            advertised("http", addr, cfg.advertise_host.as_deref())
+        ));
+
+        let api = bind("api_listen", cfg.api_addr())?;
+        let api_addr = api.local_addr()?;
+        let app = crate::api::router(shared.clone(), engine.clone(), &node, &cfg.work_dir);
+        let scheme = match cfg.tls.server_config()? {
+            Some(config) => {
+                tasks.spawn(crate::api::serve_tls(api, app, config));
+                "https"
+            }
+            None => {
+                if !api_addr.ip().is_loopback() {
+                    tracing::warn!(
+                        node = %node,
+                        api = %api_addr,
+                        "job logs and /status are served without credentials to anyone who reaches api_listen: configure [tls] or keep it on loopback"
+                    );
+                }
+                tasks.spawn(crate::api::serve(api, app));
+                "http"
+            }
+        };
+        // A loopback listener is reachable there only, whatever the advertised host.
+        let host = (!api_addr.ip().is_loopback())
+            .then_some(cfg.advertise_host.as_deref())
+            .flatten();
+        agent_url = Some(advertised(scheme, api_addr, host));
+        tracing::info!(node = %node, readiness = %addr, api = %api_addr, tls = scheme == "https", "agent endpoints listening");
+    }
 
     let register = RegisterRequest {
         node: node.clone(),
@@ -97,12 +148,26 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     tasks.spawn(long_poll(uplink, shared.clone()));
     let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone()).with_host(host);
     tasks.spawn(reconcile_loop(reconciler));
-    Ok(AgentHandle { shared, tasks })
+    Ok(AgentHandle {
+        shared,
+        ready_url,
+        api_url: agent_url,
+        metrics_url,
+        tasks,
+    })
+}
+
+/// A listener on `addr`, for configuration key `key`.
+fn bind(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {key} {addr}: {e}"))?;
+    Ok(TcpListener::from_std(listener)?)
 }
 
 /// The base URL others reach this agent at: `advertise_host` (or the listen address when it
 /// is a specific one, else this host's name) with the bound port.
-fn advertised(addr: std::net::SocketAddr, host: Option<&str>) -> String {
+fn advertised(scheme: &str, addr: std::net::SocketAddr, host: Option<&str>) -> String {
     let host = match host {
         Some(h) => h.to_owned(),
         None if !addr.ip().is_unspecified() => addr.ip().to_string(),
@@ -112,7 +177,7 @@ fn advertised(addr: std::net::SocketAddr, host: Option<&str>) -> String {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "localhost".into()),
     };
-    format!("http://{host}:{}", addr.port())
+    format!("{scheme}://{host}:{}", addr.port())
 }
 
 async fn register(uplink: &Uplink, req: &RegisterRequest) -> Duration {

@@ -24,9 +24,18 @@ pub struct AgentConfig {
     pub rendezvous_bind_ip: String,
     /// Per-job checkpoint and output directories live under `work_dir/jobs/ID/`.
     pub work_dir: PathBuf,
-    /// Where the load balancer's health check (`GET /ready`) answers, and job logs
-    /// (`GET /v1/jobs/ID/logs`) for the coordinator.
+    /// Where the load balancer's health check (`GET /ready`) answers, over plain HTTP, to
+    /// anyone; it carries no job data.
     pub readiness_listen: SocketAddr,
+    /// Where the coordinator reads job logs (`GET /v1/jobs/ID/logs`) and what the agent sees
+    /// (`GET /status`). With `[tls]` (CA, certificate, key): HTTPS, to the coordinator's
+    /// certificate only, on `0.0.0.0:7402` when unset. Without: plain HTTP to anyone who
+    /// reaches it, so `127.0.0.1:7402` when unset (a coordinator on another host then cannot
+    /// show logs); see [`AgentConfig::api_addr`].
+    pub api_listen: Option<SocketAddr>,
+    /// Where the agent's own metrics (`GET /metrics`) answer; on `readiness_listen` when
+    /// unset.
+    pub metrics_listen: Option<SocketAddr>,
     /// The host name or address the coordinator reaches this agent at; the listen address
     /// when it is a specific one, else the host name.
     pub advertise_host: Option<String>,
@@ -137,6 +146,8 @@ impl Default for AgentConfig {
             rendezvous_bind_ip: "0.0.0.0".into(),
             work_dir: PathBuf::from("/var/lib/nightshift/agent"),
             readiness_listen: SocketAddr::from(([0, 0, 0, 0], 7401)),
+            api_listen: None,
+            metrics_listen: None,
             advertise_host: None,
             readiness_grace_s: 5.0,
             drain_timeout_s: 120.0,
@@ -261,6 +272,20 @@ impl AgentConfig {
         Ok(())
     }
 
+    /// Where the agent's API (job logs, `/status`) listens: `api_listen`, else port 7402 on
+    /// every address with `[tls]` (only the coordinator's certificate is answered) and on
+    /// loopback without (nothing asks for credentials there).
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_listen.unwrap_or_else(|| {
+            let ip = if self.tls.serves_tls() {
+                [0, 0, 0, 0]
+            } else {
+                [127, 0, 0, 1]
+            };
+            SocketAddr::from((ip, 7402))
+        })
+    }
+
     /// The node name, defaulting to the host name.
     pub fn node_name(&self) -> String {
         if !self.node.is_empty() {
@@ -348,6 +373,28 @@ mod tests {
             cfg.validate().unwrap_err().to_string(),
             "replica.sleep_level: must be 1 or 2"
         );
+    }
+
+    #[test]
+    fn the_agent_api_is_on_loopback_unless_tls_guards_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "[replica]\nimage = \"v:1\"\n").unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.api_addr().to_string(), "127.0.0.1:7402");
+        assert_eq!(cfg.metrics_listen, None);
+        std::fs::write(
+            &path,
+            "metrics_listen = \"10.0.0.5:9101\"\n[tls]\nca_file = \"ca.pem\"\n\
+             cert_file = \"n.pem\"\nkey_file = \"n.key\"\n",
+        )
+        .unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.api_addr().to_string(), "0.0.0.0:7402");
+        assert_eq!(cfg.metrics_listen, Some("10.0.0.5:9101".parse().unwrap()));
+        std::fs::write(&path, "api_listen = \"0.0.0.0:9\"\n").unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.api_addr().to_string(), "0.0.0.0:9");
     }
 
     #[test]

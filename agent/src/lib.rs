@@ -4,6 +4,7 @@
 //! the node's desired state: a serving vLLM replica, or job containers on leased GPUs.
 
 pub mod agent;
+pub mod api;
 pub mod config;
 pub mod drain;
 pub mod engine;

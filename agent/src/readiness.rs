@@ -1,7 +1,8 @@
 //! The load balancer's view of this node's replica: `GET /ready` answers 200 only while the
 //! replica is healthy and not draining, so HAProxy, nginx or Envoy stop sending it requests
-//! before a drain begins. `GET /status` shows what the agent sees, as JSON; `GET /metrics`
-//! is the agent's own metrics (see `telemetry.rs`).
+//! before a drain begins. It is open to anyone and says nothing else: what the agent sees
+//! (`/status`) and jobs' output are the coordinator's only (`api.rs`). `GET /metrics` is the
+//! agent's own metrics (see `telemetry.rs`), on this port or on `metrics_listen`.
 
 use std::sync::Arc;
 
@@ -12,12 +13,27 @@ use axum::routing::get;
 
 use crate::state::Shared;
 
+/// `GET /ready`; anything else is 404, with where job data went.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/ready", get(ready))
-        .route("/status", get(status))
+        .fallback(elsewhere)
+        .with_state(shared)
+}
+
+/// `GET /metrics`.
+pub fn metrics_router(shared: Arc<Shared>) -> Router {
+    Router::new()
         .route("/metrics", get(metrics))
         .with_state(shared)
+}
+
+async fn elsewhere() -> (StatusCode, &'static str) {
+    (
+        StatusCode::NOT_FOUND,
+        "not found: this port answers /ready; job data (/status, job logs) is served on \
+         api_listen, to the coordinator\n",
+    )
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
@@ -37,16 +53,4 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> impl axum::response::Into
         )],
         shared.telemetry.render(),
     )
-}
-
-async fn status(State(shared): State<Arc<Shared>>) -> axum::Json<serde_json::Value> {
-    let o = shared.observed();
-    axum::Json(serde_json::json!({
-        "node": shared.node,
-        "ready": shared.ready(),
-        "replica": o.replica.as_str(),
-        "replica_url": o.replica_url,
-        "applied_version": o.applied_version,
-        "jobs": o.runs,
-    }))
 }

@@ -95,6 +95,9 @@ pub struct Cluster {
     /// Each agent's base URL, as it last said (register, heartbeats): an address book of the
     /// shell, not a decision, so the core does not hold it.
     agent_urls: Mutex<HashMap<String, String>>,
+    /// The CA and the coordinator's certificate (`[tls]`), with which the log proxy reaches
+    /// agents over HTTPS; none on plain HTTP.
+    agent_tls: Mutex<Option<crate::config::TlsConfig>>,
     /// The highest attempt of each job whose image ID is in the store: every heartbeat
     /// repeats it, and only a new attempt's needs the store.
     images_recorded: Mutex<HashMap<u64, u32>>,
@@ -169,6 +172,7 @@ impl Cluster {
             metrics: crate::metrics::Metrics::default(),
             versions: Mutex::new(versions),
             agent_urls: Mutex::new(HashMap::new()),
+            agent_tls: Mutex::new(None),
             images_recorded: Mutex::new(HashMap::new()),
             decision_us: AtomicU64::new(0),
         })
@@ -257,6 +261,16 @@ impl Cluster {
         if urls.get(node).map(String::as_str) != Some(url) {
             urls.insert(node.to_owned(), url.to_owned());
         }
+    }
+
+    /// Reach agents over HTTPS with these files (`[tls]` of coordinator.toml).
+    pub fn set_agent_tls(&self, tls: Option<crate::config::TlsConfig>) {
+        *lock(&self.agent_tls) = tls;
+    }
+
+    /// The files the log proxy reaches agents with; none on plain HTTP.
+    pub fn agent_tls(&self) -> Option<crate::config::TlsConfig> {
+        lock(&self.agent_tls).clone()
     }
 
     /// Where `node`'s agent answers, once it has said.

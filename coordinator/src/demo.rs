@@ -474,6 +474,7 @@ async fn start_agent(coordinator: &str, node: &str, work_dir: &Path) -> anyhow::
         drain_timeout_s: 60.0,
         free_timeout_s: 10.0,
         health_timeout_s: 120.0,
+        api_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
         ..AgentConfig::default()
     };
     cfg.gpus.fake = Some(4);
@@ -492,7 +493,6 @@ async fn start_agent(coordinator: &str, node: &str, work_dir: &Path) -> anyhow::
     let engine = DockerEngine::connect().await?;
     let serving = HttpServing::new()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let status_url = format!("http://{}/status", listener.local_addr()?);
     let handle = nightshift_agent::agent::start(
         cfg,
         engine,
@@ -500,6 +500,7 @@ async fn start_agent(coordinator: &str, node: &str, work_dir: &Path) -> anyhow::
         serving,
         Some(listener),
     )?;
+    let status_url = format!("{}/status", handle.api_url.as_deref().unwrap_or_default());
     Ok(DemoAgent { handle, status_url })
 }
 

@@ -5,6 +5,11 @@
 //! connection's requests carry a [`PeerNode`] extension: the node its certificate names, or
 //! none. The agent routes refuse a request without one, and one whose node is another
 //! ([`crate::http`]'s identity layer).
+//!
+//! The other way round, the log proxy reaches an agent's API over HTTPS
+//! ([`agent_client_config`]): it presents the coordinator's certificate (which agents answer,
+//! see `pki.rs`) and accepts only the certificate the cluster CA issued to the node it means
+//! to reach.
 
 use std::future::Future;
 use std::path::Path;
@@ -142,6 +147,125 @@ pub fn client_config(
     })
 }
 
+/// How the coordinator reaches node `node`'s agent API: trusting only a certificate the
+/// cluster CA issued to that node, presenting the coordinator's own. Without `[tls]`, plain
+/// HTTP only (an empty trust store: no `https://` agent is trusted).
+pub fn agent_client_config(
+    tls: Option<&TlsConfig>,
+    node: &str,
+) -> Result<ClientConfig, TlsSetupError> {
+    let Some(tls) = tls else {
+        return Ok(ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth());
+    };
+    agent_client_config_as(&tls.ca_file, Some((&tls.cert_file, &tls.key_file)), node)
+}
+
+/// [`agent_client_config`] presenting `identity` (a certificate and its key), or none: how
+/// tests play another client of an agent's API.
+pub fn agent_client_config_as(
+    ca_file: &Path,
+    identity: Option<(&Path, &Path)>,
+    node: &str,
+) -> Result<ClientConfig, TlsSetupError> {
+    let provider = provider();
+    let roots = load_roots("tls.ca_file", ca_file)?;
+    let verifier = NodeCertificate {
+        node: node.to_owned(),
+        chain: WebPkiClientVerifier::builder_with_provider(roots, provider.clone()).build()?,
+        provider: provider.clone(),
+    };
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let Some((cert, key)) = identity else {
+        return Ok(builder.with_no_client_auth());
+    };
+    builder
+        .with_client_auth_cert(
+            load_certs("tls.cert_file", cert)?,
+            load_key("tls.key_file", key)?,
+        )
+        .map_err(|e| {
+            file_err(
+                "tls.key_file",
+                key,
+                format!("does not fit tls.cert_file: {e}"),
+            )
+        })
+}
+
+/// Accepts an agent's certificate (`tls issue --node`) as a server's: signed by the cluster
+/// CA for client authentication, as the coordinator checks it when the agent calls, and
+/// naming the node the coordinator meant to reach, whatever host name its URL has.
+#[derive(Debug)]
+struct NodeCertificate {
+    node: String,
+    chain: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for NodeCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        match crate::pki::common_name(end_entity) {
+            Some(name) if name == self.node => {
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            other => Err(rustls::Error::General(format!(
+                "the agent's certificate is for node {}, not {}",
+                other.as_deref().unwrap_or("(none)"),
+                self.node
+            ))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 /// Serves the API over TLS on `listener` until `shutdown` completes.
 pub async fn serve_tls(
     listener: TcpListener,
@@ -195,7 +319,9 @@ pub async fn serve_tls_app(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .and_then(|cert| crate::pki::common_name(cert));
-            let app = app.layer(axum::Extension(PeerNode(node)));
+            let app = app
+                .layer(axum::Extension(PeerNode(node)))
+                .layer(axum::Extension(axum::extract::ConnectInfo(addr)));
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
                 .await

@@ -1,7 +1,12 @@
 //! The cluster's certificates: a CA (`nightshift-coordinator tls init`), the coordinator's
-//! server certificate, and one client certificate per agent whose common name is its node
+//! certificate, and one client certificate per agent whose common name is its node
 //! (`tls issue --node NAME`). Also reading a peer certificate's common name, which is how
 //! the coordinator knows which node an agent may speak for.
+//!
+//! The coordinator's certificate serves the API (server authentication) and is also the
+//! client certificate the log proxy presents to agents (client authentication); its subject's
+//! organizational unit, [`COORDINATOR_UNIT`], is what an agent checks before it serves job
+//! data, so an agent's certificate (which never carries it) cannot read another node's logs.
 //!
 //! The CA is not parsed back from its PEM: its distinguished name is fixed, so the issuer is
 //! rebuilt from that name and the CA's key, which is all a signature needs.
@@ -21,6 +26,8 @@ pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
 pub const SERVER_CERT: &str = "coordinator.pem";
 pub const SERVER_KEY: &str = "coordinator.key";
+
+pub use nightshift_agent::tls::COORDINATOR_UNIT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
@@ -83,7 +90,8 @@ pub fn new_ca() -> Result<Issued, PkiError> {
 
 /// What a leaf certificate is for.
 pub enum Leaf<'a> {
-    /// The coordinator: server authentication for these DNS names or IP addresses.
+    /// The coordinator: server authentication for these DNS names or IP addresses, and
+    /// client authentication as [`COORDINATOR_UNIT`] (the log proxy, to agents).
     Server(&'a [String]),
     /// An agent: client authentication, common name (and DNS name) = the node.
     Agent(&'a str),
@@ -94,11 +102,15 @@ pub fn issue(ca_key_pem: &str, leaf: Leaf<'_>) -> Result<Issued, PkiError> {
     let ca_key = KeyPair::from_pem(ca_key_pem).map_err(cert_err("ca key"))?;
     let issuer = Issuer::new(ca_params(), ca_key);
     let key = KeyPair::generate().map_err(cert_err("key"))?;
-    let (names, cn, eku) = match leaf {
+    let (names, cn, unit, eku) = match leaf {
         Leaf::Server(names) => (
             names.to_vec(),
             names.first().cloned().unwrap_or_default(),
-            ExtendedKeyUsagePurpose::ServerAuth,
+            Some(COORDINATOR_UNIT),
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
         ),
         Leaf::Agent(node) => {
             let ok = !node.is_empty()
@@ -111,15 +123,19 @@ pub fn issue(ca_key_pem: &str, leaf: Leaf<'_>) -> Result<Issued, PkiError> {
             (
                 vec![node.to_owned()],
                 node.to_owned(),
-                ExtendedKeyUsagePurpose::ClientAuth,
+                None,
+                vec![ExtendedKeyUsagePurpose::ClientAuth],
             )
         }
     };
     let mut params = CertificateParams::new(names).map_err(cert_err("names"))?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, cn);
+    if let Some(unit) = unit {
+        dn.push(DnType::OrganizationalUnitName, unit);
+    }
     params.distinguished_name = dn;
-    params.extended_key_usages = vec![eku];
+    params.extended_key_usages = eku;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.use_authority_key_identifier_extension = true;
     params.not_before = rcgen::date_time_ymd(this_year() - 1, 1, 1);
@@ -171,58 +187,7 @@ pub fn read(path: &Path) -> Result<String, PkiError> {
 
 /// The subject common name of a DER certificate, if it has one.
 pub fn common_name(der: &[u8]) -> Option<String> {
-    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serial,
-    //   signature, issuer, validity, subject, ... }, ... }
-    let (cert, _) = der_item(der, 0x30)?;
-    let (mut tbs, _) = der_item(cert, 0x30)?;
-    if tbs.first() == Some(&0xa0) {
-        tbs = der_item(tbs, 0xa0)?.1;
-    }
-    let mut rest = tbs;
-    // serial, signature, issuer, validity
-    for tag in [0x02, 0x30, 0x30, 0x30] {
-        rest = der_item(rest, tag)?.1;
-    }
-    let (mut subject, _) = der_item(rest, 0x30)?;
-    // Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value }
-    while !subject.is_empty() {
-        let (set, after) = der_item(subject, 0x31)?;
-        subject = after;
-        let (atv, _) = der_item(set, 0x30)?;
-        let (oid, value) = der_item(atv, 0x06)?;
-        if oid == [0x55, 0x04, 0x03] {
-            let tag = *value.first()?;
-            // UTF8String, PrintableString, IA5String
-            if matches!(tag, 0x0c | 0x13 | 0x16) {
-                let (text, _) = der_item(value, tag)?;
-                return String::from_utf8(text.to_vec()).ok();
-            }
-        }
-    }
-    None
-}
-
-/// One DER item with tag `tag` at the start of `input`: its contents and what follows.
-fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    if *input.first()? != tag {
-        return None;
-    }
-    let first = *input.get(1)?;
-    let (len, header) = if first < 0x80 {
-        (first as usize, 2)
-    } else {
-        let n = (first & 0x7f) as usize;
-        if n == 0 || n > 4 {
-            return None;
-        }
-        let mut len = 0usize;
-        for b in input.get(2..2 + n)? {
-            len = (len << 8) | *b as usize;
-        }
-        (len, 2 + n)
-    };
-    let end = header.checked_add(len)?;
-    Some((input.get(header..end)?, input.get(end..)?))
+    nightshift_agent::tls::subject_attribute(der, &nightshift_agent::tls::COMMON_NAME)
 }
 
 #[cfg(test)]
@@ -241,6 +206,22 @@ mod tests {
         let ca_der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap();
         assert_eq!(common_name(&ca_der).as_deref(), Some(CA_NAME));
         assert_eq!(common_name(b"\x30\x03garbage"), None);
+    }
+
+    #[test]
+    fn only_the_coordinators_certificate_names_the_coordinator() {
+        let ca = new_ca().unwrap();
+        let names = ["coord.example".to_owned()];
+        let coordinator = issue(&ca.key_pem, Leaf::Server(&names)).unwrap();
+        let der = CertificateDer::from_pem_slice(coordinator.cert_pem.as_bytes()).unwrap();
+        assert!(nightshift_agent::tls::is_coordinator(&der));
+        assert_eq!(common_name(&der).as_deref(), Some("coord.example"));
+        // A node named like the unit is still a node.
+        for node in ["gpu-01", "nightshift.coordinator"] {
+            let agent = issue(&ca.key_pem, Leaf::Agent(node)).unwrap();
+            let der = CertificateDer::from_pem_slice(agent.cert_pem.as_bytes()).unwrap();
+            assert!(!nightshift_agent::tls::is_coordinator(&der), "{node}");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub fn open(config: &CoordinatorConfig) -> anyhow::Result<Arc<Cluster>> {
     tracing::info!(db = %store.path().display(), "store opened");
     let cluster = Cluster::open(config.core(), config.accounting.clone(), store)?;
     cluster.set_job_policy(config.policy.clone());
+    cluster.set_agent_tls(config.tls.clone());
     Ok(Arc::new(cluster))
 }
 

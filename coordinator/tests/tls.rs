@@ -1,6 +1,8 @@
 //! Mutual TLS over real HTTPS: the coordinator refuses an agent without a certificate, an
 //! agent whose certificate names another node, and a certificate from another CA; the agent
-//! refuses a coordinator that the cluster CA did not sign.
+//! refuses a coordinator that the cluster CA did not sign; the agent's API (job logs,
+//! `/status`) answers the coordinator's certificate only, and the coordinator talks only to
+//! the node it means.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -301,4 +303,112 @@ async fn the_cli_says_which_ca_failed_to_verify_the_coordinator() {
         err.contains(&format!("--ca ({}): cannot read", missing.display())),
         "{err}"
     );
+}
+
+/// The agent API of node gpu-a with `[tls]`, on the real Docker engine (no container of
+/// gpu-a exists), with job 7's kept output holding a secret; its address.
+async fn agent_api(pki: &Pki, work: &Path) -> std::net::SocketAddr {
+    use nightshift_agent::engine::docker::DockerEngine;
+    let kept = nightshift_agent::logs::archive_path(work, 7, 1);
+    std::fs::create_dir_all(kept.parent().unwrap()).unwrap();
+    std::fs::write(&kept, "toy-trainer: job=7\nAPI_KEY=s3cr3t-in-the-log\n").unwrap();
+    let shared = Arc::new(nightshift_agent::state::Shared::new("gpu-a"));
+    let engine = Arc::new(DockerEngine::connect().await.expect("docker"));
+    let app = nightshift_agent::api::router(shared, engine, "gpu-a", work);
+    let config = agent_tls(pki, "ca", Some("gpu-a"))
+        .server_config()
+        .unwrap()
+        .expect("tls serves");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(nightshift_agent::api::serve_tls(listener, app, config));
+    addr
+}
+
+/// `GET path` of the agent API at `addr` over TLS, presenting certificate `cert` (or none)
+/// and expecting node `node`'s certificate; the whole answer, empty when the handshake fails.
+async fn agent_get(
+    addr: std::net::SocketAddr,
+    pki: &Pki,
+    cert: Option<&str>,
+    node: &str,
+    path: &str,
+) -> String {
+    let (cert_file, key_file) = cert
+        .map(|c| (pki.path(&format!("{c}.pem")), pki.path(&format!("{c}.key"))))
+        .unzip();
+    let identity = cert_file.as_deref().zip(key_file.as_deref());
+    let config = https::agent_client_config_as(&pki.path("ca.pem"), identity, node).unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let mut answer = Vec::new();
+    if let Ok(mut tls) = connector.connect(name, tcp).await {
+        let _ = tls.write_all(request.as_bytes()).await;
+        let _ = tls.read_to_end(&mut answer).await;
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn the_agent_api_answers_the_coordinators_certificate_only() {
+    let pki = cluster_pki();
+    let work = tempfile::tempdir().unwrap();
+    let addr = agent_api(&pki, work.path()).await;
+    let logs = "/v1/jobs/7/logs";
+
+    // The coordinator's certificate reads the job's output and the agent's status.
+    let ok = agent_get(addr, &pki, Some("coordinator"), "gpu-a", logs).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    assert!(ok.contains("s3cr3t-in-the-log"), "{ok}");
+    let ok = agent_get(addr, &pki, Some("coordinator"), "gpu-a", "/status").await;
+    assert!(
+        ok.starts_with("HTTP/1.1 200") && ok.contains("\"node\":\"gpu-a\""),
+        "{ok}"
+    );
+
+    for path in [logs, "/status"] {
+        // No certificate: 401, and nothing of the job.
+        let anonymous = agent_get(addr, &pki, None, "gpu-a", path).await;
+        assert!(anonymous.starts_with("HTTP/1.1 401"), "{path}: {anonymous}");
+        assert!(
+            anonymous.contains("only the coordinator's may read job data"),
+            "{anonymous}"
+        );
+        // An agent's certificate, even the node's own: 403.
+        let agent = agent_get(addr, &pki, Some("gpu-a"), "gpu-a", path).await;
+        assert!(agent.starts_with("HTTP/1.1 403"), "{path}: {agent}");
+        assert!(
+            agent.contains("node gpu-a's, not the coordinator's"),
+            "{agent}"
+        );
+        // A coordinator certificate from another CA: no handshake, no answer.
+        let foreign = agent_get(addr, &pki, Some("foreign-coordinator"), "gpu-a", path).await;
+        assert_eq!(foreign, "", "{path}");
+        for answer in [&anonymous, &agent] {
+            assert!(
+                !answer.contains("s3cr3t") && !answer.contains("gpu-a\","),
+                "{path} leaked: {answer}"
+            );
+        }
+    }
+
+    // Plain HTTP to the HTTPS port: no HTTP answer.
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET /v1/jobs/7/logs HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut plain = Vec::new();
+    let _ = tcp.read_to_end(&mut plain).await;
+    let plain = String::from_utf8_lossy(&plain);
+    assert!(
+        !plain.contains("s3cr3t") && !plain.starts_with("HTTP/1.1 200"),
+        "{plain}"
+    );
+
+    // The coordinator, for its part, talks only to the node it means: gpu-a's certificate
+    // does not pass for gpu-b's agent.
+    let impostor = agent_get(addr, &pki, Some("coordinator"), "gpu-b", logs).await;
+    assert_eq!(impostor, "");
 }

@@ -165,6 +165,8 @@ pub fn agent_config(coordinator: &str, node: &str, work_dir: &Path, gpus: u32) -
         drain_timeout_s: 60.0,
         free_timeout_s: 5.0,
         health_timeout_s: 60.0,
+        // The agent's API (/status, job logs) on an ephemeral loopback port.
+        api_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         ..AgentConfig::default()
     };
     cfg.gpus.fake = Some(gpus);
@@ -294,16 +296,17 @@ pub async fn start_agent(cfg: AgentConfig, gpus: u32) -> (AgentHandle, String) {
     start_agent_with(cfg, fake).await
 }
 
-/// [`start_agent`] on fake GPUs the test keeps a handle to (to mark one unhealthy, say).
+/// [`start_agent`] on fake GPUs the test keeps a handle to (to mark one unhealthy, say); the
+/// URL of the agent's `/status`.
 pub async fn start_agent_with(cfg: AgentConfig, gpus: Arc<FakeGpus>) -> (AgentHandle, String) {
     let engine = DockerEngine::connect().await.expect("docker");
     let serving = HttpServing::new().expect("http client");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind readiness");
-    let status_url = format!("http://{}/status", listener.local_addr().expect("addr"));
     let handle = nightshift_agent::agent::start(cfg, engine, gpus, serving, Some(listener))
         .expect("start agent");
+    let status_url = format!("{}/status", handle.api_url.as_deref().expect("api url"));
     (handle, status_url)
 }
 

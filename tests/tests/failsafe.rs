@@ -76,7 +76,7 @@ async fn a_dead_coordinator_makes_the_agent_serve_again_and_the_expired_lease_is
     let s = agent_status(&status).await.expect("status");
     assert_eq!(s["replica"], "serving");
     // The agent's own /metrics show what happened.
-    let metrics = reqwest::get(status.replace("/status", "/metrics"))
+    let metrics = reqwest::get(agent.metrics_url.clone().expect("metrics url"))
         .await
         .expect("metrics")
         .text()

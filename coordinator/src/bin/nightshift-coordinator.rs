@@ -72,6 +72,19 @@ enum TlsCommand {
         #[arg(long = "server-name", required = true)]
         server_names: Vec<String>,
     },
+    /// Issue a new certificate for the coordinator from the existing CA (one made before
+    /// agents served job logs over HTTPS lacks the client authentication they ask for).
+    Coordinator {
+        /// The directory holding ca.key; coordinator.pem and coordinator.key are written there
+        /// unless --out says otherwise (neither may exist yet).
+        #[arg(long, default_value = "/etc/nightshift/tls")]
+        dir: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A DNS name or IP address agents use to reach the coordinator (repeatable).
+        #[arg(long = "server-name", required = true)]
+        server_names: Vec<String>,
+    },
     /// Issue an agent's client certificate: its common name is the node it may speak for.
     Issue {
         #[arg(long)]
@@ -201,6 +214,23 @@ fn tls(command: TlsCommand) -> anyhow::Result<()> {
                 cak = pki::CA_KEY,
                 sc = pki::SERVER_CERT,
                 sk = pki::SERVER_KEY,
+            );
+            Ok(())
+        }
+        TlsCommand::Coordinator {
+            dir,
+            out,
+            server_names,
+        } => {
+            let ca_key = pki::read(&dir.join(pki::CA_KEY))?;
+            let issued = pki::issue(&ca_key, pki::Leaf::Server(&server_names))?;
+            let out = out.unwrap_or(dir);
+            let (cert, key) = (out.join(pki::SERVER_CERT), out.join(pki::SERVER_KEY));
+            pki::write_pair(&cert, &key, &issued)?;
+            println!(
+                "wrote {} and {}; point [tls] cert_file and key_file of coordinator.toml at them",
+                cert.display(),
+                key.display()
             );
             Ok(())
         }

@@ -2,6 +2,10 @@
 //! agent of the node that holds the job's lease (the agent streams it from Docker), or, for
 //! a job with no lease now, from the node of its last ended lease (the agent keeps a
 //! finished attempt's output).
+//!
+//! The agent serves job data on its API port only to the coordinator: with `[tls]` the proxy
+//! speaks HTTPS, presents the coordinator's certificate and accepts only the certificate the
+//! cluster CA issued to that node ([`crate::https::agent_client_config`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +14,19 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
 use super::HttpError;
 use crate::cluster::Cluster;
 
-/// How long the agent may take to start answering.
+/// How long the connection to the agent may take.
 const CONNECT: Duration = Duration::from_secs(5);
+/// How long the agent may take to start answering (a TLS handshake, finding the container).
+const ANSWER: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,35 +80,60 @@ pub async fn logs(
     if let Some(n) = q.tail {
         url.push_str(&format!("&tail={n}"));
     }
-    let unreachable = |e: reqwest::Error| {
+    let unreachable = |e: &dyn std::fmt::Display| {
         HttpError::new(
             StatusCode::BAD_GATEWAY,
             format!("the agent of node {node} at {agent}: {e}"),
             None,
         )
     };
-    let client = reqwest::Client::builder()
-        .connect_timeout(CONNECT)
-        .no_proxy()
-        .build()
-        .map_err(unreachable)?;
-    let response = client.get(&url).send().await.map_err(unreachable)?;
+    let tls = cluster.agent_tls();
+    let config = crate::https::agent_client_config(tls.as_ref(), &node)
+        .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?;
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(CONNECT));
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build::<_, Empty<Bytes>>(connector);
+    let request = hyper::Request::get(&url)
+        .body(Empty::new())
+        .map_err(|e| unreachable(&e))?;
+    let response = match tokio::time::timeout(ANSWER, client.request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(unreachable(&error_chain(&e))),
+        Err(_) => return Err(unreachable(&format!("no answer within {ANSWER:?}"))),
+    };
     let status = response.status();
     if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+            .unwrap_or_default();
         return Err(HttpError::new(status, body.trim().to_owned(), None));
     }
-    tracing::info!(job.id = id, node = %node, follow = q.follow, tail = ?q.tail, "proxying job logs");
-    let chunks = futures_util::stream::unfold(response, |mut r| async move {
-        match r.chunk().await {
-            Ok(Some(bytes)) => Some((Ok::<_, std::io::Error>(bytes), r)),
-            Ok(None) => None,
-            Err(e) => Some((Err(std::io::Error::other(e)), r)),
-        }
-    });
+    tracing::info!(job.id = id, node = %node, follow = q.follow, tail = ?q.tail, tls = tls.is_some(), "proxying job logs");
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        Body::from_stream(chunks),
+        Body::new(response.into_body()),
     )
         .into_response())
+}
+
+/// An error and its causes, `: `-separated (a refused TLS handshake is a cause of a
+/// connection error).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
 }

@@ -47,11 +47,13 @@ pub async fn footprint(seconds: u64) -> anyhow::Result<FootprintReport> {
         &config,
         format!(
             "coordinator = \"{}\"\nnode = \"{node}\"\nwork_dir = \"{}\"\n\
-             readiness_listen = \"127.0.0.1:{}\"\n[gpus]\nfake = 4\n[replica]\n\
+             readiness_listen = \"127.0.0.1:{}\"\napi_listen = \"127.0.0.1:{}\"\n\
+             [gpus]\nfake = 4\n[replica]\n\
              image = \"{VLLM_IMAGE}\"\nhost_ip = \"127.0.0.1\"\nhost_port = 0\n\
              env = [\"STANDIN_TOKEN_LATENCY_MS=10\"]\n",
             coordinator.url,
             dir.path().join("work").display(),
+            free_port(),
             free_port()
         ),
     )?;
