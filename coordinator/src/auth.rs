@@ -5,7 +5,9 @@
 //! so a plain hash is enough: there is nothing to guess that a slow hash would protect. The
 //! file belongs to the data directory's owner (the service user), whoever creates a token.
 //! A running coordinator rereads the file when it meets a token it does not know, so a token
-//! created while it runs works at once.
+//! created while it runs works at once; and while it knows of no token (the API open), each
+//! call looks at the file's metadata (a `stat`, about a microsecond) and rereads it when it
+//! changed, so the first token created closes the API at once.
 //!
 //! Roles: `admin` may do everything; `operator` runs the cluster (jobs of every team, gateway
 //! signals); `researcher` sees every queue, but submits only as its team and cancels only its
@@ -91,6 +93,27 @@ pub enum AuthError {
 pub struct Tokens {
     path: PathBuf,
     records: RwLock<Vec<TokenRecord>>,
+    /// The token file as last looked at: which file, its size and when it last changed;
+    /// and whether it could not be read then (the API is closed until it can).
+    seen: std::sync::Mutex<(Option<FileStamp>, bool)>,
+}
+
+/// What tells one version of the token file from another without reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    inode: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(FileStamp {
+        inode: m.ino(),
+        len: m.len(),
+        modified: m.modified().ok(),
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -105,15 +128,43 @@ impl Tokens {
     /// The tokens of `data_dir` (none when it has no token file yet).
     pub fn open(data_dir: &Path) -> Result<Self, AuthError> {
         let path = data_dir.join(FILE);
+        let seen = stamp(&path);
         let records = read(&path)?;
         Ok(Self {
             path,
             records: RwLock::new(records),
+            seen: std::sync::Mutex::new((seen, false)),
         })
     }
 
+    /// Whether no token exists, so that the API is open. While none is known, the file is
+    /// looked at each time (its metadata; it is read only when that changed), so a token
+    /// that `token create` writes beside the running coordinator counts from the next call.
     pub fn is_empty(&self) -> bool {
-        self.records.read().map_or(true, |r| r.is_empty())
+        if !self.records.read().map_or(true, |r| r.is_empty()) {
+            return false;
+        }
+        let unreadable = self.reread_if_changed();
+        !unreadable && self.records.read().map_or(true, |r| r.is_empty())
+    }
+
+    /// Rereads the file if it is not the one last looked at. True while it cannot be read:
+    /// a token file that exists but does not parse closes the API rather than open it.
+    fn reread_if_changed(&self) -> bool {
+        let now = stamp(&self.path);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.0 == now {
+            return seen.1;
+        }
+        let fresh = read(&self.path);
+        if let Err(e) = &fresh {
+            tracing::warn!(error = %e, "token file cannot be read; the API is closed until it can");
+        }
+        *seen = (now, fresh.is_err());
+        if let (Ok(fresh), Ok(mut r)) = (fresh, self.records.write()) {
+            *r = fresh;
+        }
+        seen.1
     }
 
     /// Creates a token; returns its record and the token, which is shown once and never
@@ -263,6 +314,33 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_token_created_by_another_process_closes_the_open_api_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // The running coordinator, which knows of no token: the API is open.
+        let running = Tokens::open(dir.path()).unwrap();
+        assert!(running.is_empty());
+        assert!(
+            running.is_empty(),
+            "an unchanged absent file changes nothing"
+        );
+        // `nightshift-coordinator token create`, another process with its own view.
+        let cli = Tokens::open(dir.path()).unwrap();
+        cli.create("alice", Role::Researcher, Some("nlp"), 1)
+            .unwrap();
+        assert!(
+            !running.is_empty(),
+            "the API is still open after a token was created"
+        );
+
+        // A token file that exists but cannot be read closes the API, not opens it.
+        let dir = tempfile::tempdir().unwrap();
+        let running = Tokens::open(dir.path()).unwrap();
+        std::fs::write(dir.path().join(FILE), b"{not json").unwrap();
+        assert!(!running.is_empty());
+        assert!(!running.is_empty());
     }
 
     #[test]

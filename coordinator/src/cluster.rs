@@ -32,6 +32,9 @@ pub enum ApplyError {
     Store(Arc<StoreError>),
     #[error("pipelines cannot be rebuilt from the store: {0}")]
     Pipelines(String),
+    /// Shutdown has begun: this coordinator decides nothing more (its successor may be up).
+    #[error("the coordinator is shutting down; try again in a moment")]
+    ShuttingDown,
 }
 
 impl From<StoreError> for ApplyError {
@@ -103,6 +106,11 @@ pub struct Cluster {
     images_recorded: Mutex<HashMap<u64, u32>>,
     /// How long the last decision a heartbeat made took, in microseconds.
     decision_us: AtomicU64,
+    /// Set once shutdown begins (under the core's lock): from then on nothing is decided,
+    /// changed or written, and long-polls end.
+    stopping: watch::Sender<bool>,
+    /// How the last writes went: for `/healthz`, and to log a repeating failure sparingly.
+    health: Mutex<crate::health::StoreHealth>,
 }
 
 /// One call's changes on their way to disk: its batch (or the last batch staged before it,
@@ -175,6 +183,8 @@ impl Cluster {
             agent_tls: Mutex::new(None),
             images_recorded: Mutex::new(HashMap::new()),
             decision_us: AtomicU64::new(0),
+            stopping: watch::channel(false).0,
+            health: Mutex::new(crate::health::StoreHealth::default()),
         })
     }
 
@@ -298,7 +308,7 @@ impl Cluster {
         &self,
         f: impl FnOnce(&mut Core, UnixMillis) -> Result<T, CoreError>,
     ) -> Result<T, ApplyError> {
-        let (result, staged) = self.stage(|core, _, now| f(core, now));
+        let (result, staged) = self.stage(|core, _, now| f(core, now))?;
         self.durable_async(staged.seq).await?;
         self.publish(staged.moved);
         Ok(result?)
@@ -311,7 +321,7 @@ impl Cluster {
         &self,
         f: impl FnOnce(&mut Core, &mut Pipelines, UnixMillis) -> Result<T, CoreError>,
     ) -> Result<T, ApplyError> {
-        let (result, staged) = self.stage(f);
+        let (result, staged) = self.stage(f)?;
         // On a multi-threaded runtime, let its other tasks move to another thread while this
         // one waits, so that their calls join the same commit.
         in_place(|| self.durable_blocking(staged.seq))?;
@@ -321,12 +331,16 @@ impl Cluster {
 
     /// Runs `f` under the core's lock and queues what changed for the next commit. The time
     /// under the lock is the core call and the copying of changed records, nothing more.
+    /// Once shutdown has begun, runs nothing.
     fn stage<T>(
         &self,
         f: impl FnOnce(&mut Core, &mut Pipelines, UnixMillis) -> Result<T, CoreError>,
-    ) -> (Result<T, CoreError>, Staged) {
+    ) -> Result<(Result<T, CoreError>, Staged), ApplyError> {
         let now = now_ms();
         let mut guard = lock(&self.inner);
+        if *self.stopping.borrow() {
+            return Err(ApplyError::ShuttingDown);
+        }
         let inner = &mut *guard;
         let result = f(&mut inner.core, &mut inner.pipelines, now);
         inner.pipelines.drive(&mut inner.core, now);
@@ -336,7 +350,7 @@ impl Cluster {
         if effects.is_empty() && pipeline_changes.is_empty() {
             // Nothing to write, but what `f` read may come from calls still being written.
             let seq = lock(&self.queue).staged;
-            return (result, Staged { seq, moved });
+            return Ok((result, Staged { seq, moved }));
         }
         let mut changes = Changes {
             counters: Some(inner.core.next_ids()),
@@ -361,7 +375,38 @@ impl Cluster {
             }
         }
         let seq = self.enqueue(changes);
-        (result, Staged { seq, moved })
+        Ok((result, Staged { seq, moved }))
+    }
+
+    /// Begins shutdown: from now on the core decides nothing (no ticks, no lease expiry, no
+    /// new desired states), every change is refused with [`ApplyError::ShuttingDown`], and
+    /// long-polls end. A call already inside the core finishes first (the flag is set under
+    /// its lock), and its changes are written as usual.
+    pub fn begin_shutdown(&self) {
+        let _inner = lock(&self.inner);
+        if !self.stopping.send_replace(true) {
+            tracing::info!("shutting down: no more decisions; ending long-polls");
+        }
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
+    /// Completes once shutdown has begun.
+    pub async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Why this coordinator is not healthy, if it is not: shutting down, or its store
+    /// failing to save (the last write failed).
+    pub fn unhealthy(&self) -> Option<String> {
+        if self.is_stopping() {
+            return Some("shutting down".to_owned());
+        }
+        lock(&self.health).failure(std::time::Instant::now())
     }
 
     /// How batch `seq` ended, once it has.
@@ -437,19 +482,26 @@ impl Cluster {
         };
         let mut failed = None;
         let mut settled_upto = upto;
-        if !batch.is_empty()
-            && let Err(e) = store.write_all(&batch)
-        {
-            tracing::error!(error = %e, "saving state failed; reloading the core from the store");
-            let from = upto + 1 - batch.len() as u64;
-            let mut inner = lock(&self.inner);
-            {
-                let mut queue = lock(&self.queue);
-                queue.pending.clear();
-                settled_upto = queue.staged;
+        let written = if batch.is_empty() {
+            Ok(())
+        } else {
+            store.write_all(&batch)
+        };
+        match written {
+            Ok(()) if !batch.is_empty() => self.note_saved(),
+            Ok(()) => {}
+            Err(e) => {
+                let logged = self.note_failed(&e);
+                let from = upto + 1 - batch.len() as u64;
+                let mut inner = lock(&self.inner);
+                {
+                    let mut queue = lock(&self.queue);
+                    queue.pending.clear();
+                    settled_upto = queue.staged;
+                }
+                self.reload(&mut inner, &store, logged);
+                failed = Some((from, settled_upto, Arc::new(e)));
             }
-            self.reload(&mut inner, &store);
-            failed = Some((from, settled_upto, Arc::new(e)));
         }
         drop(store);
         let mut settled = lock(&self.settled);
@@ -466,8 +518,50 @@ impl Cluster {
         self.settled_notify.notify_waiters();
     }
 
-    /// Rebuilds the core and the pipeline runs from what the store holds.
-    fn reload(&self, inner: &mut Inner, store: &Store) {
+    /// Logs a failed write: the first of a run of them at once, then a summary every
+    /// [`crate::health::SUMMARY_EVERY`]. True when this one was logged.
+    fn note_failed(&self, e: &StoreError) -> bool {
+        use crate::health::FailureLog;
+        let log = lock(&self.health).failed(std::time::Instant::now(), e.to_string());
+        match log {
+            FailureLog::First => {
+                tracing::error!(
+                    error = %e,
+                    repeats_summarised_every_s = crate::health::SUMMARY_EVERY.as_secs(),
+                    "saving state failed; reloading the core from the store"
+                );
+                true
+            }
+            FailureLog::Summary {
+                failures,
+                failing_for,
+            } => {
+                tracing::error!(
+                    error = %e,
+                    failures,
+                    failing_for_s = failing_for.as_secs(),
+                    "saving state still fails; each failure reloads the core from the store"
+                );
+                true
+            }
+            FailureLog::Quiet => false,
+        }
+    }
+
+    /// A write worked: says so if writes were failing.
+    fn note_saved(&self) {
+        if let Some(r) = lock(&self.health).succeeded(std::time::Instant::now()) {
+            tracing::info!(
+                failures = r.failures,
+                failed_for_s = r.failed_for.as_secs(),
+                "saving state works again"
+            );
+        }
+    }
+
+    /// Rebuilds the core and the pipeline runs from what the store holds; `log` says whether
+    /// a failure to do so is logged (a run of them is summarised with the failed writes).
+    fn reload(&self, inner: &mut Inner, store: &Store, log: bool) {
         // Image records queued since the last good commit may be lost with it: forget them,
         // so that the heartbeats repeating them queue them again.
         lock(&self.images_recorded).clear();
@@ -483,12 +577,16 @@ impl Cluster {
                         p.set_policy(inner.pipelines.policy());
                         inner.pipelines = p;
                     }
-                    Err(reason) => {
+                    Err(reason) if log => {
                         tracing::error!(%reason, "pipelines cannot be rebuilt from the store")
                     }
+                    Err(_) => {}
                 }
             }
-            Err(e) => tracing::error!(error = %e, "reloading the core from the store failed"),
+            Err(e) if log => {
+                tracing::error!(error = %e, "reloading the core from the store failed")
+            }
+            Err(_) => {}
         }
     }
 
@@ -587,6 +685,49 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A coordinator told to stop (SIGTERM) may have a successor up on the same data at
+    /// once: from that moment it decides nothing (the ticker ends: no lease expiry, no new
+    /// desired state) and changes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn once_shutdown_begins_nothing_is_decided_or_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let cluster = Arc::new(
+            Cluster::open(CoreConfig::default(), AccountingConfig::default(), store).unwrap(),
+        );
+        let spec: nightshift_common::JobSpec =
+            serde_json::from_str(r#"{"name": "a", "image": "trainer:1", "gpus": 1}"#).unwrap();
+        cluster
+            .apply(|core, now| core.submit(now, spec.clone()))
+            .unwrap();
+        let ticker = tokio::spawn(crate::server::tick(cluster.clone()));
+        assert_eq!(cluster.unhealthy(), None);
+
+        cluster.begin_shutdown();
+        tokio::time::timeout(std::time::Duration::from_secs(2), ticker)
+            .await
+            .expect("the ticker still decides after shutdown began")
+            .unwrap();
+        let refused = cluster.apply(|core, now| core.submit(now, spec.clone()));
+        assert!(
+            matches!(refused, Err(ApplyError::ShuttingDown)),
+            "{refused:?}"
+        );
+        let heartbeat = cluster
+            .apply_async(|core, now| {
+                cluster.decide(core, now);
+                Ok(())
+            })
+            .await;
+        assert!(matches!(heartbeat, Err(ApplyError::ShuttingDown)));
+        assert_eq!(cluster.read(|core, _| core.jobs().len()), 1);
+        // Long-polls waiting on it end at once; `/healthz` says why.
+        tokio::time::timeout(std::time::Duration::from_millis(100), cluster.stopped())
+            .await
+            .unwrap();
+        assert_eq!(cluster.unhealthy().as_deref(), Some("shutting down"));
+    }
 
     #[test]
     fn a_read_of_the_pipelines_waits_for_what_was_queued_before_it() {

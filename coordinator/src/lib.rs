@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod gateway;
+pub mod health;
 pub mod http;
 pub mod https;
 pub mod lint;

@@ -88,6 +88,22 @@ pub enum StoreError {
     #[error("database {path}: pipeline runs cannot be replayed: {reason}")]
     Pipelines { path: PathBuf, reason: String },
     #[error(
+        "data directory {dir} is in use by another coordinator ({holder}): only one may run on \
+         it; stop that one first (a second would give the same job ids to other submissions)"
+    )]
+    Locked { dir: PathBuf, holder: String },
+    #[error("cannot lock data directory {dir} ({lock_file}): {source}")]
+    Lock {
+        dir: PathBuf,
+        lock_file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "database {path} is empty (0 bytes) where a database was expected: it may be a lost \
+         database; restore it from a backup, or remove the file to start with an empty state"
+    )]
+    Empty { path: PathBuf },
+    #[error(
         "database {path} has schema version {found}, newer than this coordinator knows ({known}); \
          upgrade nightshift-coordinator"
     )]
@@ -116,6 +132,61 @@ pub struct Store {
     path: PathBuf,
 }
 
+/// An exclusive `flock` on `DIR/coordinator.lock`, which holds the holder's PID: one
+/// coordinator process per data directory (`serve` holds it for the life of the process).
+/// The kernel lets go of it when the process ends, however it ends, so a crash leaves
+/// nothing to clean up.
+pub struct DataDirLock {
+    _file: std::fs::File,
+}
+
+/// The lock file inside a data directory.
+pub const LOCK_FILE: &str = "coordinator.lock";
+
+impl DataDirLock {
+    /// Takes the lock of `dir` (created if needed), or says which process holds it.
+    pub fn acquire(dir: &Path) -> Result<Self, StoreError> {
+        use std::io::{Read, Seek, Write};
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let lock_file = dir.join(LOCK_FILE);
+        let io = |source| StoreError::Lock {
+            dir: dir.to_owned(),
+            lock_file: lock_file.clone(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_file)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                let holder = match text.trim() {
+                    "" => "its pid unknown".to_owned(),
+                    pid => pid.to_owned(),
+                };
+                return Err(StoreError::Locked {
+                    dir: dir.to_owned(),
+                    holder,
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        write!(file, "pid {}", std::process::id()).map_err(io)?;
+        Ok(Self { _file: file })
+    }
+}
+
 /// One batch of changes, written atomically.
 #[derive(Debug, Default)]
 pub struct Changes {
@@ -142,12 +213,19 @@ pub struct ImageRecord {
 
 impl Store {
     /// Opens (creating when needed) `DIR/nightshift.db` and brings its schema up to date.
+    /// An empty database file is refused: it may be a lost database. (A coordinator process
+    /// takes the directory's [`DataDirLock`] first.)
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
             path: data_dir.to_owned(),
             source,
         })?;
         let path = data_dir.join("nightshift.db");
+        // SQLite takes an empty file for a new database; here it is more likely one that was
+        // lost (truncated, a failed copy), and starting empty would hide that.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            return Err(StoreError::Empty { path });
+        }
         let conn = Connection::open(&path).map_err(|source| StoreError::Sqlite {
             path: path.clone(),
             source,
@@ -725,5 +803,37 @@ mod tests {
         drop(conn);
         let err = Store::open(dir.path()).err().unwrap().to_string();
         assert!(err.contains("nightshift.db has schema version 99"), "{err}");
+    }
+
+    #[test]
+    fn one_lock_holder_per_data_directory_until_it_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DataDirLock::acquire(dir.path()).unwrap();
+        let err = DataDirLock::acquire(dir.path()).err().unwrap().to_string();
+        let pid = format!("pid {}", std::process::id());
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+        assert!(
+            err.contains(&format!("another coordinator ({pid})")),
+            "{err}"
+        );
+        drop(first);
+        let again = DataDirLock::acquire(dir.path()).unwrap();
+        let recorded = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
+        assert_eq!(recorded, pid);
+        drop(again);
+    }
+
+    #[test]
+    fn an_empty_database_file_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("nightshift.db");
+        std::fs::write(&db, b"").unwrap();
+        let err = Store::open(dir.path()).err().unwrap().to_string();
+        assert!(
+            err.starts_with(&format!("database {} is empty (0 bytes)", db.display())),
+            "{err}"
+        );
+        assert!(err.contains("restore it from a backup"), "{err}");
+        assert_eq!(std::fs::metadata(&db).unwrap().len(), 0);
     }
 }

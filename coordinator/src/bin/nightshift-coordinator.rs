@@ -161,6 +161,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .as_ref()
                 .map(nightshift_coordinator::https::server_config)
                 .transpose()?;
+            // One coordinator per data directory, for as long as this one runs.
+            let _lock = nightshift_coordinator::store::DataDirLock::acquire(&cfg.data_dir)?;
             let cluster = server::open(&cfg)?;
             let access = nightshift_coordinator::http::access_for(&cfg, cluster.clone())?;
             if access.tokens.is_empty() {
@@ -177,12 +179,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), "coordinator listening");
             match tls {
                 Some(tls) => {
+                    let shutdown = server::stopping(cluster.clone(), shutdown_signal());
                     nightshift_coordinator::https::serve_tls_app(
-                        listener,
-                        cluster,
-                        app,
-                        tls,
-                        shutdown_signal(),
+                        listener, cluster, app, tls, shutdown,
                     )
                     .await
                 }

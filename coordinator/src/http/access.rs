@@ -6,12 +6,20 @@
 //! a researcher submits only as its team (the job's `owner`) and cancels only its team's
 //! jobs (403); gateway signals are for operators and admins. Every call that changes
 //! something is written to the audit log (target `nightshift::audit`), by token name and
-//! role, never by token. Each token is held to a rate limit ([`RateLimiter`], 429 beyond).
+//! role, never by token. Each token is held to a rate limit ([`RateLimiter`], 429 beyond),
+//! and so is each client address's failed authentications: past
+//! [`crate::ratelimit::FAILED_AUTH_BURST`] failures, at most
+//! [`crate::ratelimit::FAILED_AUTH_PER_S`] a second, and calls from it beyond that are
+//! refused (429, with `Retry-After`) before any token is looked at, so that tokens cannot be
+//! guessed at line rate. Behind a proxy every client shares the proxy's address: one client
+//! failing fast slows the others' calls too, never opens anything.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -27,6 +35,21 @@ pub struct AccessState {
     pub tokens: Arc<Tokens>,
     pub cluster: Arc<Cluster>,
     pub limiter: Arc<RateLimiter>,
+    /// Failed authentications per client address.
+    pub auth_failures: Arc<RateLimiter<IpAddr>>,
+}
+
+/// The client's address, where the server recorded it (without one, all share a bucket).
+fn client_ip(req: &Request) -> IpAddr {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), |c| c.0.ip())
+}
+
+/// 401 for `why`, counted against `ip`'s failed authentications.
+fn unauthorized(s: &AccessState, ip: IpAddr, why: &str) -> Response {
+    s.auth_failures.allow(ip, Instant::now());
+    HttpError::new(StatusCode::UNAUTHORIZED, why, None).into_response()
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -52,29 +75,41 @@ fn forbidden(p: &Principal, what: impl Into<String>, field: Option<&str>) -> Res
 }
 
 pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Response {
-    let principal = match bearer(req.headers()) {
+    let token = bearer(req.headers());
+    if token.is_none() && s.tokens.is_empty() {
+        return next.run(req).await;
+    }
+    let ip = client_ip(&req);
+    let wait = s.auth_failures.wait(&ip, Instant::now());
+    if !wait.is_zero() {
+        let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
+        tracing::debug!(client = %ip, retry_after, "authentication refused: too many failures");
+        let mut refusal = HttpError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("too many failed authentications from {ip}; try again in {retry_after} s"),
+            None,
+        )
+        .into_response();
+        refusal
+            .headers_mut()
+            .insert(header::RETRY_AFTER, retry_after.into());
+        return refusal;
+    }
+    let principal = match token {
         Some(token) => match s.tokens.verify(token) {
             Some(p) => p,
-            None => {
-                return HttpError::new(StatusCode::UNAUTHORIZED, "unknown API token", None)
-                    .into_response();
-            }
+            None => return unauthorized(&s, ip, "unknown API token"),
         },
-        None if s.tokens.is_empty() => return next.run(req).await,
         None => {
-            return HttpError::new(
-                StatusCode::UNAUTHORIZED,
+            return unauthorized(
+                &s,
+                ip,
                 "an API token is required: set NIGHTSHIFT_TOKEN \
                  (nightshift-coordinator token create --role ROLE)",
-                None,
-            )
-            .into_response();
+            );
         }
     };
-    if !s
-        .limiter
-        .allow(principal.token_id, std::time::Instant::now())
-    {
+    if !s.limiter.allow(principal.token_id, Instant::now()) {
         return HttpError::new(
             StatusCode::TOO_MANY_REQUESTS,
             format!(

@@ -16,10 +16,10 @@ use nightshift_common::{DesiredNode, Heartbeat, RegisterReply, RegisterRequest};
 use serde::Deserialize;
 
 use super::{HttpError, parse};
-use crate::cluster::Cluster;
+use crate::cluster::{ApplyError, Cluster};
 
-/// Longest a long-poll is held open.
-const MAX_WAIT_MS: u64 = 60_000;
+/// Longest a long-poll is held open, whatever `wait_ms` asks (agents ask for 25 s).
+pub const MAX_WAIT_MS: u64 = 30_000;
 
 pub async fn register(
     State(cluster): State<Arc<Cluster>>,
@@ -111,8 +111,15 @@ pub async fn desired(
     let mut rx = cluster.watch(&node).ok_or_else(unknown)?;
     let wait = Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
     // Either the version moves past `after`, or the wait runs out: both answer the current
-    // desired state.
-    let _ = tokio::time::timeout(wait, rx.wait_for(|v| *v > q.after)).await;
+    // desired state. Shutdown ends the wait at once: this coordinator decides nothing more,
+    // and its successor should not wait for it.
+    tokio::select! {
+        _ = tokio::time::timeout(wait, rx.wait_for(|v| *v > q.after)) => {}
+        () = cluster.stopped() => {}
+    }
+    if cluster.is_stopping() {
+        return Err(ApplyError::ShuttingDown.into());
+    }
     cluster
         .read(|core, _| core.desired(&node))
         .map(Json)

@@ -51,6 +51,7 @@ pub fn access_for(
         tokens: Arc::new(crate::auth::Tokens::open(&cfg.data_dir)?),
         cluster,
         limiter: Arc::new(crate::ratelimit::RateLimiter::default()),
+        auth_failures: Arc::new(crate::ratelimit::RateLimiter::failed_auth()),
     })
 }
 
@@ -88,7 +89,7 @@ fn build(
         api = api.route_layer(axum::middleware::from_fn_with_state(access, access::check));
     }
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .merge(api)
         .merge(agent_routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
@@ -102,6 +103,14 @@ fn agent_routes() -> Router<Arc<Cluster>> {
         .route("/v1/agents/{node}/heartbeat", post(agents::heartbeat))
         .route("/v1/agents/{node}/desired", get(agents::desired))
         .route_layer(axum::middleware::from_fn(identity::agent_identity))
+}
+
+/// `ok`, or 503 with the reason: shutting down, or the store failing to save.
+async fn healthz(axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>) -> Response {
+    match cluster.unhealthy() {
+        None => "ok".into_response(),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
+    }
 }
 
 async fn metrics(axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>) -> Response {
@@ -160,6 +169,7 @@ impl From<ApplyError> for HttpError {
     fn from(e: ApplyError) -> Self {
         let status = match &e {
             ApplyError::Store(_) | ApplyError::Pipelines(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApplyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApplyError::Core(c) => match c {
                 CoreError::InvalidSpec(_) | CoreError::UnknownService(_) => {
                     StatusCode::UNPROCESSABLE_ENTITY
@@ -172,7 +182,7 @@ impl From<ApplyError> for HttpError {
         };
         let field = match &e {
             ApplyError::Core(c) => c.field(),
-            ApplyError::Store(_) | ApplyError::Pipelines(_) => None,
+            ApplyError::Store(_) | ApplyError::Pipelines(_) | ApplyError::ShuttingDown => None,
         };
         Self::new(status, e.to_string(), field)
     }
