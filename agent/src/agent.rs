@@ -214,9 +214,13 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
         .await;
         beat.host = Some(host.facts(&volume));
         beat.agent_url = req.agent_url.clone();
+        // The coordinator renews this node's leases when it receives the heartbeat, after
+        // it was sent: counting the fail-safe's silence from the sending keeps the agent's
+        // deadline at or before the coordinator's expiry.
+        let sent = std::time::Instant::now();
         match uplink.heartbeat(&beat).await {
             Ok(desired) => {
-                shared.contact();
+                shared.contact_since(sent);
                 shared.offer_desired(desired);
             }
             Err(UplinkError::UnknownNode(_)) => {
@@ -279,8 +283,8 @@ async fn long_poll(uplink: Uplink, shared: Arc<Shared>) {
     loop {
         let after = shared.desired().map_or(0, |d| d.version);
         match uplink.desired(after).await {
+            // Not a contact for the fail-safe: only a heartbeat renews the leases.
             Ok(desired) => {
-                shared.contact();
                 shared.offer_desired(desired);
             }
             Err(e) => {

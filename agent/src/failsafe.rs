@@ -7,6 +7,19 @@
 //! answers again with a desired state that still lists them, and reports them in each
 //! heartbeat (`expired_leases`) until the coordinator stops granting them, so that their
 //! jobs are requeued as preempted.
+//!
+//! The coordinator relies on a bound this keeps: it starts a silent node's job on another
+//! node only once the old container has surely stopped (its `restart_elsewhere_after_s`,
+//! by default the job's grace period and 10 s after the lease expired). The silence is
+//! counted from the *sending* of the last heartbeat the coordinator acknowledged (answers to
+//! the desired-state long poll do not count: they renew no lease), and the coordinator
+//! renews a node's leases for the TTL when it receives a heartbeat, so with `silence_s` at
+//! most the TTL (the default: the TTL itself) the fail-safe acts no later than the lease
+//! expires, within a reconcile pass (1 s when idle), and the container is gone a grace period
+//! and a kill later. With a longer `silence_s`, or the fail-safe disabled, a job may run
+//! twice at once unless the coordinator's `restart_elsewhere_after_s` is raised to match;
+//! an agent process that is down stops nothing until it is back (each attempt's own
+//! checkpoint directory keeps that harmless, see `job.rs`).
 
 use std::time::Duration;
 

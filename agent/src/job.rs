@@ -26,19 +26,117 @@ pub const JOB_DIR_MODE: u32 = 0o2770;
 /// Label carrying the grace period, so that an adopted container is stopped as it asked.
 pub const GRACE_LABEL: &str = "io.nightshift.grace-seconds";
 
-/// The host directories of a job, shared by all its attempts.
+/// The host directories of a job: its output directory, and the checkpoint directory of one
+/// attempt.
+///
+/// Each attempt (lease) writes its own checkpoint directory, `jobs/JOB_ID/checkpoints/EPOCH`
+/// named by its lease's fencing epoch, seeded before it starts with a copy of the newest
+/// earlier attempt's ([`JobDirs::seed`]). An attempt that runs on after its lease was taken
+/// from it (a node that lost the coordinator) so writes only its own, older directory: it
+/// can never overwrite the checkpoint of the attempt that replaced it.
 pub struct JobDirs {
+    /// The checkpoint directory mounted at [`CHECKPOINT_MOUNT`].
     pub checkpoint: PathBuf,
     pub outputs: PathBuf,
+    /// Where every attempt's checkpoint directory lives, by epoch.
+    attempts: PathBuf,
+    /// The job's single checkpoint directory from before attempts had their own.
+    legacy: PathBuf,
+    epoch: Option<u64>,
+    /// The epoch of the earlier attempt whose checkpoint this one's was seeded from; 0 for
+    /// the directory from before attempts had their own.
+    pub resumed_from: Option<u64>,
 }
 
 impl JobDirs {
+    /// The directories of the job as a whole: its outputs, and as its checkpoint directory
+    /// the one its attempts shared before each had its own.
     pub fn new(work_dir: &Path, job_id: u64) -> Self {
         let root = work_dir.join("jobs").join(job_id.to_string());
         Self {
             checkpoint: root.join("checkpoint"),
             outputs: root.join("outputs"),
+            attempts: root.join("checkpoints"),
+            legacy: root.join("checkpoint"),
+            epoch: None,
+            resumed_from: None,
         }
+    }
+
+    /// The directories of the attempt that runs under the lease of fencing epoch `epoch`.
+    pub fn attempt(work_dir: &Path, job_id: u64, epoch: u64) -> Self {
+        let mut dirs = Self::new(work_dir, job_id);
+        dirs.checkpoint = dirs.attempts.join(epoch.to_string());
+        dirs.epoch = Some(epoch);
+        dirs
+    }
+
+    /// Before the attempt starts: fills its checkpoint directory with a copy of the newest
+    /// earlier attempt's (the highest epoch below its own with anything in it, whatever a
+    /// stale attempt wrote since), so that it finds what was saved at [`CHECKPOINT_MOUNT`].
+    /// The copy is made beside it and renamed into place, so an agent that dies meanwhile
+    /// leaves no half copy to resume from; it keeps modification times. Directories of
+    /// attempts older than the one copied are removed. An attempt whose directory exists
+    /// already (the agent restarted before its container started) keeps it.
+    pub fn seed(&mut self) -> std::io::Result<()> {
+        let Some(epoch) = self.epoch else {
+            return Ok(());
+        };
+        let source = self.newest_earlier(epoch)?;
+        self.resumed_from = source.as_ref().map(|(e, _)| *e);
+        if self.checkpoint.exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.attempts)?;
+        let Some((from_epoch, from)) = source else {
+            return std::fs::create_dir_all(&self.checkpoint);
+        };
+        let partial = self.attempts.join(format!("{epoch}.partial"));
+        if partial.exists() {
+            std::fs::remove_dir_all(&partial)?;
+        }
+        copy_tree(&from, &partial)?;
+        std::fs::rename(&partial, &self.checkpoint)?;
+        tracing::info!(
+            from = %from.display(), to = %self.checkpoint.display(), lease.epoch = epoch,
+            resumed_from_epoch = from_epoch, "checkpoint of the earlier attempt copied"
+        );
+        // Older attempts than the one copied are superseded twice over.
+        for (old, dir) in self.earlier(from_epoch)? {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), lease.epoch = old, error = %e, "old checkpoint not removed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Checkpoint directories of attempts below `epoch`, highest first; the legacy one, if
+    /// any, counts as epoch 0.
+    fn earlier(&self, epoch: u64) -> std::io::Result<Vec<(u64, PathBuf)>> {
+        let mut found: Vec<(u64, PathBuf)> = match std::fs::read_dir(&self.attempts) {
+            Ok(entries) => entries
+                .flatten()
+                .filter_map(|e| {
+                    let n: u64 = e.file_name().to_str()?.parse().ok()?;
+                    (n < epoch && e.file_type().ok()?.is_dir()).then(|| (n, e.path()))
+                })
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        if epoch > 0 && self.legacy.is_dir() {
+            found.push((0, self.legacy.clone()));
+        }
+        found.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        Ok(found)
+    }
+
+    /// The newest earlier attempt's checkpoint directory that holds anything.
+    fn newest_earlier(&self, epoch: u64) -> std::io::Result<Option<(u64, PathBuf)>> {
+        Ok(self
+            .earlier(epoch)?
+            .into_iter()
+            .find(|(_, dir)| std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())))
     }
 
     /// Creates both directories, mode [`JOB_DIR_MODE`]: the agent's user and group may
@@ -78,6 +176,28 @@ impl JobDirs {
     }
 }
 
+/// Copies the directory `from` to `to` (which must not exist): files, directories and
+/// symbolic links, with their modification times.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+            continue;
+        } else {
+            std::fs::copy(&src, &dst)?;
+        }
+        let modified = entry.metadata()?.modified()?;
+        std::fs::File::open(&dst)?.set_modified(modified)?;
+    }
+    Ok(())
+}
+
 pub fn container_name(node: &str, lease: &LeaseGrant) -> String {
     format!("nightshift-job-{node}-{}-{}", lease.job_id, lease.lease_id)
 }
@@ -114,8 +234,12 @@ pub fn container_spec(
         (env::CHECKPOINT_DIR.to_owned(), CHECKPOINT_MOUNT.to_owned()),
         (env::OUTPUT_DIR.to_owned(), OUTPUT_MOUNT.to_owned()),
         (env::LEASE_ID.to_owned(), lease.lease_id.to_string()),
+        (env::EPOCH.to_owned(), lease.epoch.to_string()),
         (env::GPUS.to_owned(), gpu_list.clone()),
     ]);
+    if let Some(from) = dirs.resumed_from {
+        env_vars.push((env::RESUMED_FROM_EPOCH.to_owned(), from.to_string()));
+    }
     let mut publish = None;
     if let Some(r) = &lease.rendezvous {
         env_vars.extend([
@@ -351,6 +475,85 @@ mod tests {
         let gid = std::fs::metadata(&dirs.outputs).unwrap().gid();
         let spec = container_spec("n1", &lease(), &dirs, GpuAccess::None, "0.0.0.0");
         assert_eq!(spec.groups, vec![gid]);
+    }
+
+    #[test]
+    fn each_attempt_writes_its_own_checkpoint_seeded_from_the_newest_earlier_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = |d: &JobDirs, name: &str| std::fs::read_to_string(d.checkpoint.join(name));
+        let mut first = JobDirs::attempt(dir.path(), 3, 5);
+        first.seed().unwrap();
+        first.create().unwrap();
+        assert_eq!(first.resumed_from, None);
+        assert!(!first.has_checkpoint());
+        std::fs::write(first.checkpoint.join("step-100"), "100").unwrap();
+        std::fs::create_dir(first.checkpoint.join("shards")).unwrap();
+        std::fs::write(first.checkpoint.join("shards/0"), "a").unwrap();
+        let saved_at = first.last_checkpoint().unwrap();
+
+        let mut l = lease();
+        l.epoch = 9;
+        let mut second = JobDirs::attempt(dir.path(), 3, 9);
+        second.seed().unwrap();
+        second.create().unwrap();
+        assert_ne!(first.checkpoint, second.checkpoint);
+        assert_eq!(second.resumed_from, Some(5));
+        assert_eq!(ckpt(&second, "step-100").unwrap(), "100");
+        assert_eq!(ckpt(&second, "shards/0").unwrap(), "a");
+        assert_eq!(second.last_checkpoint(), Some(saved_at), "times are kept");
+        let spec = container_spec("n1", &l, &second, GpuAccess::None, "0.0.0.0");
+        let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
+        assert_eq!(env["NIGHTSHIFT_EPOCH"], "9");
+        assert_eq!(env["NIGHTSHIFT_RESUMED_FROM_EPOCH"], "5");
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "1");
+        assert_eq!(env["NIGHTSHIFT_CHECKPOINT_DIR"], "/nightshift/checkpoint");
+        assert_eq!(
+            spec.binds[0],
+            (
+                second.checkpoint.display().to_string(),
+                "/nightshift/checkpoint".to_owned()
+            )
+        );
+
+        // The first attempt runs on (its node lost the coordinator) and writes: the second's
+        // checkpoint is untouched, and a third attempt resumes from the second's, not from
+        // the stale attempt's newer files.
+        std::fs::write(first.checkpoint.join("step-100"), "overwritten").unwrap();
+        std::fs::write(first.checkpoint.join("step-999"), "999").unwrap();
+        assert_eq!(ckpt(&second, "step-100").unwrap(), "100");
+        assert!(ckpt(&second, "step-999").is_err());
+        std::fs::write(second.checkpoint.join("step-200"), "200").unwrap();
+        let mut third = JobDirs::attempt(dir.path(), 3, 12);
+        third.seed().unwrap();
+        assert_eq!(third.resumed_from, Some(9));
+        assert_eq!(ckpt(&third, "step-200").unwrap(), "200");
+        assert!(ckpt(&third, "step-999").is_err());
+        assert!(
+            !first.checkpoint.exists(),
+            "attempts older than the copied one go"
+        );
+        assert!(second.checkpoint.exists());
+    }
+
+    #[test]
+    fn a_first_attempt_with_its_directory_from_before_attempts_had_their_own_resumes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = JobDirs::new(dir.path(), 3);
+        std::fs::create_dir_all(&old.checkpoint).unwrap();
+        std::fs::write(old.checkpoint.join("step-7"), "7").unwrap();
+        // A half copy left by an agent that died while seeding is replaced.
+        std::fs::create_dir_all(dir.path().join("jobs/3/checkpoints/4.partial/junk")).unwrap();
+        let mut next = JobDirs::attempt(dir.path(), 3, 4);
+        next.seed().unwrap();
+        assert_eq!(next.resumed_from, Some(0));
+        assert_eq!(
+            std::fs::read_dir(&next.checkpoint)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>(),
+            vec!["step-7"]
+        );
+        assert!(!dir.path().join("jobs/3/checkpoints/4.partial").exists());
     }
 
     #[test]

@@ -265,11 +265,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 self.start_failures.insert(lease.lease_id, message);
                 continue;
             }
-            let dirs = JobDirs::new(&self.cfg.work_dir, lease.job_id);
-            dirs.create().map_err(|source| ReconcileError::JobDirs {
-                path: self.cfg.work_dir.display().to_string(),
-                source,
-            })?;
+            // This attempt's own checkpoint directory, seeded from the newest earlier one's.
+            let mut dirs = JobDirs::attempt(&self.cfg.work_dir, lease.job_id, lease.epoch);
+            dirs.seed()
+                .and_then(|()| dirs.create())
+                .map_err(|source| ReconcileError::JobDirs {
+                    path: self.cfg.work_dir.display().to_string(),
+                    source,
+                })?;
             let spec = job::container_spec(
                 self.node(),
                 lease,
@@ -412,7 +415,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 .map(|c| self.outputs_of(c, lease.job_id))
                 .unwrap_or_default();
             let last_checkpoint_at =
-                JobDirs::new(&self.cfg.work_dir, lease.job_id).last_checkpoint();
+                JobDirs::attempt(&self.cfg.work_dir, lease.job_id, lease.epoch).last_checkpoint();
             runs.push(JobRun {
                 job_id: lease.job_id,
                 attempt: lease.attempt,

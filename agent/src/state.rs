@@ -156,10 +156,20 @@ impl Shared {
     }
 
     pub fn contact(&self) {
-        *self.last_contact.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.contact_since(Instant::now());
     }
 
-    /// How long since the coordinator last answered (`None` before the first answer).
+    /// The coordinator acknowledged a heartbeat sent at `sent`: the node's leases were renewed
+    /// no earlier than that.
+    pub fn contact_since(&self, sent: Instant) {
+        let mut last = self.last_contact.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t < sent) {
+            *last = Some(sent);
+        }
+    }
+
+    /// How long since the coordinator last acknowledged a heartbeat, counted from its sending
+    /// (`None` before the first).
     pub fn since_contact(&self) -> Option<std::time::Duration> {
         self.last_contact
             .lock()

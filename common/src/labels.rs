@@ -25,6 +25,12 @@ pub mod env {
     pub const CHECKPOINT_DIR: &str = "NIGHTSHIFT_CHECKPOINT_DIR";
     pub const OUTPUT_DIR: &str = "NIGHTSHIFT_OUTPUT_DIR";
     pub const LEASE_ID: &str = "NIGHTSHIFT_LEASE_ID";
+    /// The lease's fencing epoch: higher for every later attempt. A job that checkpoints
+    /// somewhere of its own (shared storage, an object store) names its writes by it.
+    pub const EPOCH: &str = "NIGHTSHIFT_EPOCH";
+    /// The epoch of the earlier attempt whose checkpoint was copied into this one's
+    /// directory; unset when there was none.
+    pub const RESUMED_FROM_EPOCH: &str = "NIGHTSHIFT_RESUMED_FROM_EPOCH";
     pub const GPUS: &str = "NIGHTSHIFT_GPUS";
 }
 

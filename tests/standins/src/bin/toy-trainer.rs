@@ -15,6 +15,8 @@
 //! | `NIGHTSHIFT_OUTPUT_DIR` | `/nightshift/outputs` | output parameter files |
 //! | `NIGHTSHIFT_JOB_ID` | empty | logged only |
 //! | `NIGHTSHIFT_ATTEMPT` | empty | logged only |
+//! | `NIGHTSHIFT_EPOCH` | `0` | this attempt's fencing epoch: logged, and the output `epoch` |
+//! | `NIGHTSHIFT_RESUMED_FROM_EPOCH` | `0` | whose checkpoint the agent copied in: the output `resumed_from_epoch` |
 //! | `TRAINER_TARGET_STEP` | `1000` | the step at which the job is finished |
 //! | `TRAINER_STEPS_PER_SEC` | `100` | step rate (a positive number, fractions allowed) |
 //! | `TRAINER_CHECKPOINT_EVERY` | `100` | checkpoint every this many steps |
@@ -35,8 +37,13 @@
 //! - SIGTERM, SIGINT or SIGUSR1: checkpoints the current step, then exits with 128 + the signal
 //!   number (143, 130, 138: "not finished").
 //! - Target step: writes the final checkpoint and, in the output directory, `final_step`,
-//!   `resumed_from_step` (where this last start resumed from, 0 when fresh) and `attempts_seen`
-//!   (starts counted so far), each holding just the number; exits 0.
+//!   `resumed_from_step` (where this last start resumed from, 0 when fresh), `attempts_seen`
+//!   (starts counted so far), `epoch` and `resumed_from_epoch`, each holding just the number;
+//!   exits 0.
+//!
+//! The checkpoint directory is this attempt's own: the agent copies the newest earlier
+//! attempt's checkpoint into it before the start, so resuming needs nothing more than reading
+//! it, and an earlier attempt still running elsewhere cannot overwrite it.
 //! - Any I/O error: a message on stderr and exit 1. Bad configuration: exit 2.
 
 use std::env::{self, VarError};
@@ -66,6 +73,8 @@ struct Config {
     output_dir: PathBuf,
     job_id: String,
     attempt: String,
+    epoch: u64,
+    resumed_from_epoch: u64,
     target_step: u64,
     steps_per_sec: f64,
     checkpoint_every: u64,
@@ -80,6 +89,8 @@ impl Config {
             output_dir: var("NIGHTSHIFT_OUTPUT_DIR", "/nightshift/outputs".into())?,
             job_id: var("NIGHTSHIFT_JOB_ID", String::new())?,
             attempt: var("NIGHTSHIFT_ATTEMPT", String::new())?,
+            epoch: var("NIGHTSHIFT_EPOCH", 0)?,
+            resumed_from_epoch: var("NIGHTSHIFT_RESUMED_FROM_EPOCH", 0)?,
             target_step: var("TRAINER_TARGET_STEP", 1000)?,
             steps_per_sec: var("TRAINER_STEPS_PER_SEC", 100.0)?,
             checkpoint_every: var("TRAINER_CHECKPOINT_EVERY", 100)?,
@@ -181,11 +192,19 @@ fn run(cfg: &Config) -> Result<u8, String> {
     let resumed = latest_checkpoint(dir)?;
 
     println!(
-        "toy-trainer: job={:?} attempt={:?} target_step={} steps_per_sec={} checkpoint_every={} start={attempts_seen}",
-        cfg.job_id, cfg.attempt, cfg.target_step, cfg.steps_per_sec, cfg.checkpoint_every
+        "toy-trainer: job={:?} attempt={:?} epoch={} target_step={} steps_per_sec={} checkpoint_every={} start={attempts_seen}",
+        cfg.job_id,
+        cfg.attempt,
+        cfg.epoch,
+        cfg.target_step,
+        cfg.steps_per_sec,
+        cfg.checkpoint_every
     );
     match resumed {
-        Some(step) => println!("resumed from step {step}"),
+        Some(step) => println!(
+            "resumed from step {step} (the checkpoint of epoch {})",
+            cfg.resumed_from_epoch
+        ),
         None => println!("starting fresh"),
     }
     let resumed_from = resumed.unwrap_or(0);
@@ -227,6 +246,12 @@ fn run(cfg: &Config) -> Result<u8, String> {
     write_output(&cfg.output_dir, "final_step", step)?;
     write_output(&cfg.output_dir, "resumed_from_step", resumed_from)?;
     write_output(&cfg.output_dir, "attempts_seen", attempts_seen)?;
+    write_output(&cfg.output_dir, "epoch", cfg.epoch)?;
+    write_output(
+        &cfg.output_dir,
+        "resumed_from_epoch",
+        cfg.resumed_from_epoch,
+    )?;
     println!(
         "finished at step {step} (resumed from step {resumed_from}, start {attempts_seen}); outputs in {}",
         cfg.output_dir.display()
