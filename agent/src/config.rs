@@ -101,12 +101,20 @@ pub struct ReplicaConfig {
     pub args: Vec<String>,
     /// `NAME=value` pairs.
     pub env: Vec<String>,
-    /// The port vLLM listens on inside the container.
+    /// The port vLLM listens on inside the container (on the host's network: on the host).
     pub port: u16,
-    /// Where the port is published on the host.
+    /// Where the port is published on the host, and the address the agent reaches vLLM at
+    /// (loopback when it is `0.0.0.0` or `::`).
     pub host_ip: String,
-    /// 0 lets Docker choose (tests and demos).
+    /// 0 lets Docker choose (tests and demos). On the host's network there is nothing to
+    /// publish: 0 or `port`.
     pub host_port: u16,
+    /// The container's network: `bridge` (its own, `port` published at `host_ip:host_port`
+    /// through Docker's proxy) or `host` (the host's own, no proxy). On the host's network a
+    /// replica that is loading or stopped refuses connections; through the proxy they are
+    /// accepted and then reset, which a balancer with passive checks only (open-source nginx)
+    /// does not retry for a POST (docs/LOAD_BALANCER.md).
+    pub network: ReplicaNetwork,
     /// How long vLLM gets to finish in-flight requests after SIGTERM before it is killed;
     /// match vLLM's `--shutdown-timeout`.
     pub shutdown_timeout_s: f64,
@@ -123,6 +131,17 @@ pub struct ReplicaConfig {
     pub sleep_max_used_bytes: u64,
     /// How long after the sleep NVML may take to show the memory released.
     pub sleep_free_timeout_s: f64,
+}
+
+/// The replica container's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaNetwork {
+    /// Its own network namespace; Docker publishes the port.
+    #[default]
+    Bridge,
+    /// The host's network namespace: vLLM's port is a port of the host.
+    Host,
 }
 
 /// How the replica gives its GPUs back.
@@ -173,6 +192,7 @@ impl Default for ReplicaConfig {
             port: 8000,
             host_ip: "0.0.0.0".into(),
             host_port: 8000,
+            network: ReplicaNetwork::Bridge,
             shutdown_timeout_s: 60.0,
             reclaim: ReclaimMode::Stop,
             sleep_level: 1,
@@ -268,6 +288,19 @@ impl AgentConfig {
         }
         if !matches!(self.replica.sleep_level, 1 | 2) {
             return invalid("replica.sleep_level", "must be 1 or 2");
+        }
+        if self.replica.network == ReplicaNetwork::Host
+            && self.replica.host_port != 0
+            && self.replica.host_port != self.replica.port
+        {
+            return Err(ConfigError::Invalid {
+                key: "replica.host_port",
+                rule: format!(
+                    "must be 0 or equal to replica.port ({}) when replica.network is \"host\": \
+                     the replica listens on the host's own port",
+                    self.replica.port
+                ),
+            });
         }
         Ok(())
     }
@@ -373,6 +406,41 @@ mod tests {
             cfg.validate().unwrap_err().to_string(),
             "replica.sleep_level: must be 1 or 2"
         );
+    }
+
+    #[test]
+    fn host_network_takes_the_port_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "[replica]\nnetwork = \"host\"\nport = 8001\nhost_port = 0\n",
+        )
+        .unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.replica.network, ReplicaNetwork::Host);
+        assert_eq!(
+            AgentConfig::default().replica.network,
+            ReplicaNetwork::Bridge
+        );
+        // A published port that differs from the one vLLM listens on cannot be honoured.
+        std::fs::write(
+            &path,
+            "[replica]\nnetwork = \"host\"\nport = 8001\nhost_port = 8000\n",
+        )
+        .unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: line 4: replica.host_port: must be 0 or equal to replica.port (8001) when \
+                 replica.network is \"host\": the replica listens on the host's own port",
+                path.display()
+            )
+        );
+        std::fs::write(&path, "[replica]\nnetwork = \"overlay\"\n").unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("overlay"), "{err}");
     }
 
     #[test]
