@@ -678,6 +678,11 @@ impl Core {
         if job.not_before < Some(until) {
             job.not_before = Some(until);
         }
+        if let Some(message) = &mut job.message {
+            message.push_str(
+                "; held until its container there has surely stopped (restart_elsewhere_after_s)",
+            );
+        }
         let released_version = self.nodes.get(&lease.node).map_or(0, |n| n.desired_version);
         self.leases.add_straggler(Straggler {
             lease: lease.id,

@@ -54,6 +54,11 @@ fn a_silent_nodes_job_waits_out_the_fail_safe_bound_before_starting_elsewhere() 
         "held until the grace period and the margin have passed after the lease expired"
     );
     assert_eq!(c.core.stragglers().count(), 1);
+    let message = c.core.job(1).unwrap().message.unwrap_or_default();
+    assert!(
+        message.contains("went silent; held until its container there has surely stopped"),
+        "{message}"
+    );
     // Every step checks the invariants, "no job has two live containers" among them.
     while c.now + TICK_MS < bound {
         c.run(1);
