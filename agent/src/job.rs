@@ -127,7 +127,7 @@ impl JobDirs {
         if epoch > 0 && self.legacy.is_dir() {
             found.push((0, self.legacy.clone()));
         }
-        found.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        found.sort_unstable_by_key(|(epoch, _)| std::cmp::Reverse(*epoch));
         Ok(found)
     }
 
