@@ -41,6 +41,35 @@ pub enum ReconcileError {
     },
 }
 
+/// A lease whose container could not be started. It is reported while its lease is listed,
+/// and for a lease TTL after (a reclaim may take the lease back before the coordinator has
+/// heard): the attempt fails, it is not taken for a preemption.
+struct StartFailure {
+    /// The run reported: the lease's job, attempt, epoch, GPUs and why.
+    run: JobRun,
+    /// Since when the desired state no longer lists the lease.
+    unlisted_since: Option<Instant>,
+}
+
+impl StartFailure {
+    fn new(lease: &LeaseGrant, message: String) -> Self {
+        Self {
+            run: JobRun {
+                job_id: lease.job_id,
+                attempt: lease.attempt,
+                lease_id: lease.lease_id,
+                epoch: lease.epoch,
+                gpus: lease.gpus.clone(),
+                state: JobRunState::FailedToStart { message },
+                last_checkpoint_at: None,
+                outputs: BTreeMap::new(),
+                image_id: None,
+            },
+            unlisted_since: None,
+        }
+    }
+}
+
 pub struct Reconciler<E, G, S> {
     pub(crate) cfg: Arc<AgentConfig>,
     pub(crate) engine: Arc<E>,
@@ -52,7 +81,7 @@ pub struct Reconciler<E, G, S> {
     /// Containers this agent stopped (reclaim, cancel), as opposed to ones that exited alone.
     stopped: HashSet<String>,
     /// Leases whose container could not be started, with why.
-    start_failures: HashMap<u64, String>,
+    start_failures: HashMap<u64, StartFailure>,
     /// Output parameters read from a finished container, by container id.
     outputs: HashMap<String, BTreeMap<String, String>>,
     /// Leases the fail-safe stopped (id → epoch): refused until the coordinator drops them.
@@ -117,10 +146,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             return Ok(());
         };
         let leases = self.honoured(&desired.leases);
-        // A start failure is told while its lease is listed; once the coordinator has let the
-        // lease go, there is nothing left to tell.
+        let told_for = Duration::from_millis(desired.lease_ttl_ms);
+        for (id, f) in &mut self.start_failures {
+            if desired.leases.iter().any(|l| l.lease_id == *id) {
+                f.unlisted_since = None;
+            } else {
+                f.unlisted_since.get_or_insert_with(Instant::now);
+            }
+        }
         self.start_failures
-            .retain(|id, _| desired.leases.iter().any(|l| l.lease_id == *id));
+            .retain(|_, f| f.unlisted_since.is_none_or(|t| t.elapsed() < told_for));
         self.capture(&containers, &leases).await;
         self.publish_runs(&containers, &leases);
 
@@ -262,7 +297,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         for lease in missing {
             if let Some(message) = self.checkpoint_volume_short() {
                 tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
-                self.start_failures.insert(lease.lease_id, message);
+                self.start_failures
+                    .insert(lease.lease_id, StartFailure::new(lease, message));
                 continue;
             }
             // This attempt's own checkpoint directory, seeded from the newest earlier one's.
@@ -295,7 +331,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
                         error = %e, "job cannot start"
                     );
-                    self.start_failures.insert(lease.lease_id, e.to_string());
+                    self.start_failures
+                        .insert(lease.lease_id, StartFailure::new(lease, e.to_string()));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -406,9 +443,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let container = jobs(containers).find(|c| lease_of(c) == Some(lease.lease_id));
             let state = match (container, self.start_failures.get(&lease.lease_id)) {
                 (Some(c), _) => self.run_state(c),
-                (None, Some(message)) => JobRunState::FailedToStart {
-                    message: message.clone(),
-                },
+                (None, Some(f)) => f.run.state.clone(),
                 (None, None) => JobRunState::Pending,
             };
             let outputs = container
@@ -448,6 +483,15 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 image_id: c.image_id.clone(),
             });
         }
+        // So are the start failures of leases taken back before the coordinator heard.
+        runs.extend(
+            self.start_failures
+                .values()
+                .filter(|f| f.unlisted_since.is_some())
+                .filter(|f| !runs.iter().any(|r| r.lease_id == f.run.lease_id))
+                .map(|f| f.run.clone())
+                .collect::<Vec<_>>(),
+        );
         self.shared.update(|o| o.runs = runs);
     }
 

@@ -88,6 +88,55 @@ async fn a_job_the_engine_refuses_fails_with_its_reason_and_the_other_job_runs()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_start_is_still_told_after_a_reclaim_takes_its_lease_back() {
+    init_tracing();
+    require_images();
+    let node = unique_node("refusedreclaim");
+    let _cleanup = Cleanup(node.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let (mut r, shared, _) =
+        reconciler(agent_config("http://127.0.0.1:9", &node, dir.path(), 2), 2).await;
+    let mut job = trainer_job("bad", 1, 10, 20, 5);
+    job.files = vec![JobFile {
+        path: "/toy-trainer/x".into(),
+        content: "hello".into(),
+    }];
+    let lease = LeaseGrant {
+        lease_id: 5,
+        epoch: 5,
+        job_id: 5,
+        attempt: 1,
+        gpus: vec![0],
+        job,
+        rendezvous: None,
+    };
+    let failed = |shared: &nightshift_agent::state::Shared| {
+        shared
+            .observed()
+            .runs
+            .into_iter()
+            .find_map(|r| match r.state {
+                nightshift_common::JobRunState::FailedToStart { message } if r.lease_id == 5 => {
+                    Some(message)
+                }
+                _ => None,
+            })
+    };
+    shared.offer_desired(desired(1, false, vec![lease]));
+    r.pass()
+        .await
+        .expect("a refused container fails its lease, not the pass");
+    let message = failed(&shared).expect("the start failure reported");
+    assert!(message.contains("not a directory"), "{message}");
+    // Taken back before the coordinator heard: the failure is still told, so that the
+    // attempt fails rather than passing for a preemption.
+    shared.offer_desired(desired(2, true, vec![]));
+    r.pass().await.expect("serve");
+    assert_eq!(failed(&shared), Some(message));
+    assert!(containers(&node, "job").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_called_off_during_the_readiness_grace_is_abandoned_at_once() {
     init_tracing();
     require_images();
