@@ -18,6 +18,15 @@ if [ ! -x /bin/busybox ]; then
     $sudo apt-get install -y -qq busybox-static >/dev/null
 fi
 
+# tests/tests/nginx.rs runs open-source nginx (a throwaway process, no service) in front of
+# two replicas.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    echo "tests/run.sh: installing nginx (for the load balancer test)"
+    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq nginx >/dev/null
+fi
+
 # rustls runs on ring only: aws-lc-sys must not be anywhere in the graph (docs: crates.md §3).
 if cargo tree --workspace -i aws-lc-sys >/dev/null 2>&1; then
     echo "tests/run.sh: aws-lc-sys is in the dependency graph; use rustls' ring provider only:" >&2

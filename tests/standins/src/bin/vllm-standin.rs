@@ -12,7 +12,8 @@
 //!
 //! | Variable | Default | Meaning |
 //! |---|---|---|
-//! | `STANDIN_PORT` | `8000` | TCP port, bound on `0.0.0.0` once loading is done |
+//! | `STANDIN_PORT` | `8000` | TCP port, bound once loading is done |
+//! | `STANDIN_HOST` | `0.0.0.0` | the address it binds (an IP address, as vLLM's `--host`; on the host's network, `127.0.0.1` keeps it off the host's interfaces) |
 //! | `STANDIN_MODEL` | `standin-model` | served model name (`model_name` label, `/v1/models`) |
 //! | `STANDIN_LOAD_DELAY_MS` | `0` | model load time; the port is not bound until it has passed |
 //! | `STANDIN_TOKEN_LATENCY_MS` | `20` | time per output token of one sequence |
@@ -101,7 +102,7 @@ fn run(cfg: config::Config) -> io::Result<()> {
     }
 
     // A literal address: no name resolution (getaddrinfo), which a static glibc binary avoids.
-    let addr = SocketAddr::from(([0, 0, 0, 0], cfg.port));
+    let addr = SocketAddr::new(cfg.host, cfg.port);
     let listener = TcpListener::bind(addr)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {addr}: {e}")))?;
     listener.set_nonblocking(true)?;
@@ -206,11 +207,13 @@ mod config {
 
     use std::env::{self, VarError};
     use std::fmt::Display;
+    use std::net::IpAddr;
     use std::str::FromStr;
     use std::time::Duration;
 
     #[derive(Debug, Clone)]
     pub struct Config {
+        pub host: IpAddr,
         pub port: u16,
         pub model: String,
         pub load_delay: Duration,
@@ -224,6 +227,7 @@ mod config {
     impl Default for Config {
         fn default() -> Self {
             Config {
+                host: IpAddr::from([0, 0, 0, 0]),
                 port: 8000,
                 model: "standin-model".to_owned(),
                 load_delay: Duration::ZERO,
@@ -240,6 +244,7 @@ mod config {
         pub fn from_env() -> Result<Config, String> {
             let d = Config::default();
             let cfg = Config {
+                host: var("STANDIN_HOST", d.host)?,
                 port: var("STANDIN_PORT", d.port)?,
                 model: var("STANDIN_MODEL", d.model)?,
                 load_delay: Duration::from_millis(var("STANDIN_LOAD_DELAY_MS", 0)?),
