@@ -50,7 +50,7 @@ impl Coordinator {
         let mut child = Command::new("sh")
             .args(["-c", &script])
             .env("RUST_LOG", "info")
-            .env_remove("NO_COLOR")
+            .env_remove("JOURNAL_STREAM")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -307,20 +307,26 @@ async fn an_unwritable_store_fails_healthz_and_is_logged_with_backoff() {
         body.contains("not saved") || body.contains("failing"),
         "{body}"
     );
-    let errors: Vec<String> = c
-        .lines()
-        .into_iter()
-        .filter(|l| l.contains("ERROR") || l.contains("WARN"))
+    // The failure's own lines (whatever the log's format), and every warning or error.
+    let lines = c.lines();
+    let failure: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("saving state"))
         .collect();
+    let loud = lines
+        .iter()
+        .filter(|l| l.contains("ERROR") || l.contains("WARN"))
+        .count();
     eprintln!(
-        "{failures} failed writes in 3 s ({:?} to fill the store): {} warning/error lines",
+        "{failures} failed writes in 3 s ({:?} to fill the store): {} lines about it, \
+         {loud} warning/error lines in all",
         start_failing.duration_since(started),
-        errors.len()
+        failure.len()
     );
     assert!(
-        errors.len() <= 3,
-        "{} lines for {failures} failures: {errors:#?}",
-        errors.len()
+        !failure.is_empty() && failure.len() <= 2 && loud <= 3,
+        "{} lines for {failures} failures: {lines:#?}",
+        failure.len()
     );
 }
 
