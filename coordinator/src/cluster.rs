@@ -222,6 +222,10 @@ impl Cluster {
     /// repeats them; an attempt already queued costs a map lookup, and none a read of the
     /// store or a transaction of its own.
     pub fn record_images(&self, node: &str, beat: &nightshift_common::Heartbeat) {
+        // Shutting down: the heartbeat is refused, and its successor will record them.
+        if self.is_stopping() {
+            return;
+        }
         let now = now_ms();
         let images: Vec<ImageRecord> = {
             let mut recorded = lock(&self.images_recorded);
