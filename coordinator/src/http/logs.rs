@@ -88,6 +88,9 @@ pub async fn logs(
         )
     };
     let tls = cluster.agent_tls();
+    if let Err(why) = scheme_allowed(tls.is_some(), &agent) {
+        return Err(unreachable(&why));
+    }
     let config = crate::https::agent_client_config(tls.as_ref(), &node)
         .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?;
     let mut http = HttpConnector::new();
@@ -126,6 +129,19 @@ pub async fn logs(
         .into_response())
 }
 
+/// With `[tls]` job output travels over HTTPS only: an agent that offers its API over plain
+/// HTTP (an agent from before its API needed the coordinator's certificate) is not asked.
+fn scheme_allowed(tls: bool, agent_url: &str) -> Result<(), String> {
+    if tls && !agent_url.starts_with("https://") {
+        return Err(
+            "with [tls] job output is read from agents over https only, and this agent offers \
+             plain http: give it [tls] in agent.toml (README, Security)"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
 /// An error and its causes, `: `-separated (a refused TLS handshake is a cause of a
 /// connection error).
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -136,4 +152,15 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn with_tls_only_an_https_agent_is_asked() {
+        assert!(super::scheme_allowed(true, "https://gpu-01:7402").is_ok());
+        assert!(super::scheme_allowed(false, "http://127.0.0.1:7402").is_ok());
+        let err = super::scheme_allowed(true, "http://gpu-01:7401").unwrap_err();
+        assert!(err.contains("over https only"), "{err}");
+    }
 }
