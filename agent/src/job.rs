@@ -95,7 +95,18 @@ impl JobDirs {
         if partial.exists() {
             std::fs::remove_dir_all(&partial)?;
         }
-        copy_tree(&from, &partial)?;
+        if let Err(e) = copy_tree(&from, &partial) {
+            // Something the job saved is not the agent's to read (a job running as another
+            // user with a private umask): rather than start from nothing, this attempt
+            // carries on in that directory, unfenced, as all attempts did before.
+            tracing::warn!(
+                from = %from.display(), lease.epoch = epoch, error = %e,
+                "checkpoint of the earlier attempt not copied; this attempt writes into it"
+            );
+            let _ = std::fs::remove_dir_all(&partial);
+            self.checkpoint = from;
+            return Ok(());
+        }
         std::fs::rename(&partial, &self.checkpoint)?;
         tracing::info!(
             from = %from.display(), to = %self.checkpoint.display(), lease.epoch = epoch,
@@ -177,23 +188,36 @@ impl JobDirs {
 }
 
 /// Copies the directory `from` to `to` (which must not exist): files, directories and
-/// symbolic links, with their modification times.
+/// symbolic links, with their modification times; pipes and sockets are left out.
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let (src, dst) = (entry.path(), to.join(entry.file_name()));
         let kind = entry.file_type()?;
-        if kind.is_dir() {
+        // The copy is the agent's: the group (which the job's container is given) may write
+        // it, so that a job running as another user can still update what it saved.
+        let group_rw = if kind.is_dir() {
             copy_tree(&src, &dst)?;
+            0o2070
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
             continue;
-        } else {
+        } else if kind.is_file() {
             std::fs::copy(&src, &dst)?;
-        }
-        let modified = entry.metadata()?.modified()?;
-        std::fs::File::open(&dst)?.set_modified(modified)?;
+            0o060
+        } else {
+            // A pipe or a socket holds nothing to resume from (and reading a pipe would
+            // block the agent).
+            continue;
+        };
+        let meta = entry.metadata()?;
+        std::fs::set_permissions(
+            &dst,
+            std::fs::Permissions::from_mode(meta.permissions().mode() | group_rw),
+        )?;
+        std::fs::File::open(&dst)?.set_modified(meta.modified()?)?;
     }
     Ok(())
 }
@@ -490,6 +514,12 @@ mod tests {
         std::fs::create_dir(first.checkpoint.join("shards")).unwrap();
         std::fs::write(first.checkpoint.join("shards/0"), "a").unwrap();
         let saved_at = first.last_checkpoint().unwrap();
+        // A pipe is left out (reading it would block the agent).
+        let mkfifo = std::process::Command::new("mkfifo")
+            .arg(first.checkpoint.join("pipe"))
+            .status()
+            .unwrap();
+        assert!(mkfifo.success());
 
         let mut l = lease();
         l.epoch = 9;
@@ -500,7 +530,14 @@ mod tests {
         assert_eq!(second.resumed_from, Some(5));
         assert_eq!(ckpt(&second, "step-100").unwrap(), "100");
         assert_eq!(ckpt(&second, "shards/0").unwrap(), "a");
+        assert!(!second.checkpoint.join("pipe").exists());
         assert_eq!(second.last_checkpoint(), Some(saved_at), "times are kept");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode();
+            assert_eq!(mode(&second.checkpoint.join("step-100")) & 0o060, 0o060);
+            assert_eq!(mode(&second.checkpoint.join("shards")) & 0o2070, 0o2070);
+        }
         let spec = container_spec("n1", &l, &second, GpuAccess::None, "0.0.0.0");
         let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
         assert_eq!(env["NIGHTSHIFT_EPOCH"], "9");
