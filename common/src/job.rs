@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sandbox::container_path;
+
 /// A job as submitted. Unknown fields are refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -119,8 +121,18 @@ impl RetryPolicy {
 
 /// Most nodes a gang job may span.
 pub const MAX_NODES: u32 = 256;
+/// Most GPUs a job may ask for on each node.
+pub const MAX_GPUS: u32 = 64;
+/// Highest priority; the lowest is its negative.
+pub const MAX_PRIORITY: i32 = 1_000_000;
 /// Most retries a job may ask for.
 pub const MAX_RETRIES: u32 = 100;
+/// Longest wait between retries (`backoffSeconds`, `maxBackoffSeconds`): a day.
+pub const MAX_BACKOFF_SECONDS: u32 = 86_400;
+/// Largest `backoffFactor`.
+pub const MAX_BACKOFF_FACTOR: u32 = 100;
+/// Longest `maxRunSeconds`: a year.
+pub const MAX_RUN_SECONDS: u64 = 365 * 86_400;
 
 /// A file given to a job's container at `path` (absolute).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,14 +267,34 @@ impl JobSpec {
         if self.name.len() > 128 {
             return Err(SpecError::new("name", "must be at most 128 characters"));
         }
+        // It is the container's NIGHTSHIFT_JOB_NAME: a NUL stops the container from starting.
+        if self.name.chars().any(char::is_control) {
+            return Err(SpecError::new(
+                "name",
+                "must not contain control characters",
+            ));
+        }
         if self.image.trim().is_empty() {
             return Err(SpecError::new("image", "must not be empty"));
         }
         if self.image.chars().any(char::is_whitespace) {
             return Err(SpecError::new("image", "must not contain whitespace"));
         }
+        image_reference(&self.image).map_err(|rule| SpecError::new("image", rule))?;
         if self.gpus == 0 {
             return Err(SpecError::new("gpus", "must be at least 1"));
+        }
+        if self.gpus > MAX_GPUS {
+            return Err(SpecError::new(
+                "gpus",
+                format!("must be at most {MAX_GPUS}"),
+            ));
+        }
+        if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(SpecError::new(
+                "priority",
+                format!("must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"),
+            ));
         }
         if self.nodes == 0 || self.nodes > MAX_NODES {
             return Err(SpecError::new(
@@ -277,11 +309,47 @@ impl JobSpec {
             ));
         }
         self.sandbox.validate()?;
-        if self.max_run_seconds == Some(0) {
-            return Err(SpecError::new("maxRunSeconds", "must be at least 1"));
+        // u64::MAX seconds overflowed the run deadline (start + limit): the job failed at once.
+        if self
+            .max_run_seconds
+            .is_some_and(|s| !(1..=MAX_RUN_SECONDS).contains(&s))
+        {
+            return Err(SpecError::new(
+                "maxRunSeconds",
+                format!("must be between 1 and {MAX_RUN_SECONDS} (a year)"),
+            ));
         }
-        if self.retry.backoff_factor == 0 {
-            return Err(SpecError::new("retry.backoffFactor", "must be at least 1"));
+        if !(1..=MAX_BACKOFF_FACTOR).contains(&self.retry.backoff_factor) {
+            return Err(SpecError::new(
+                "retry.backoffFactor",
+                format!("must be between 1 and {MAX_BACKOFF_FACTOR}"),
+            ));
+        }
+        let waits = [
+            ("retry.backoffSeconds", self.retry.backoff_seconds),
+            ("retry.maxBackoffSeconds", self.retry.max_backoff_seconds),
+        ];
+        for (field, secs) in waits {
+            if secs > MAX_BACKOFF_SECONDS {
+                return Err(SpecError::new(
+                    field,
+                    format!("must be at most {MAX_BACKOFF_SECONDS} (a day)"),
+                ));
+            }
+        }
+        // The engine refuses a NUL in the environment and cuts an argument short at one; an
+        // empty entrypoint cannot be executed.
+        if self.command.first().is_some_and(String::is_empty) {
+            return Err(SpecError::new("command[0]", "must not be empty"));
+        }
+        let words = [("command", &self.command), ("args", &self.args)];
+        for (list, words) in words {
+            if let Some(i) = words.iter().position(|w| w.contains('\0')) {
+                return Err(SpecError::new(
+                    format!("{list}[{i}]"),
+                    "must not contain a NUL byte",
+                ));
+            }
         }
         for (i, var) in self.env.iter().enumerate() {
             let valid = !var.name.is_empty()
@@ -302,12 +370,34 @@ impl JobSpec {
                     "the NIGHTSHIFT_ prefix is reserved for variables the agent sets",
                 ));
             }
+            if var.value.contains('\0') {
+                return Err(SpecError::new(
+                    format!("env[{i}].value"),
+                    "must not contain a NUL byte",
+                ));
+            }
         }
+        let mut paths = Vec::with_capacity(self.files.len());
         for (i, f) in self.files.iter().enumerate() {
-            if !f.path.starts_with('/') || f.path.ends_with('/') {
+            let field = format!("files[{i}].path");
+            let path = container_path(&f.path).map_err(|rule| SpecError::new(&field, rule))?;
+            if path == "/" || f.path.ends_with('/') {
+                return Err(SpecError::new(field, "must be an absolute file path"));
+            }
+            paths.push(path);
+        }
+        // Docker cannot place a file inside another file. Each directory above a file is
+        // looked up once, so this is linear in the paths' length.
+        let mut placed = std::collections::HashMap::with_capacity(paths.len());
+        for (i, path) in paths.iter().enumerate() {
+            placed.entry(path.as_str()).or_insert(i);
+        }
+        for (i, path) in paths.iter().enumerate() {
+            let mut directories = path.match_indices('/').skip(1).map(|(at, _)| &path[..at]);
+            if let Some((directory, j)) = directories.find_map(|d| Some((d, *placed.get(d)?))) {
                 return Err(SpecError::new(
                     format!("files[{i}].path"),
-                    "must be an absolute file path",
+                    format!("must not be inside files[{j}].path ({directory}), a file"),
                 ));
             }
         }
@@ -318,12 +408,8 @@ impl JobSpec {
             ));
         }
         for (i, f) in self.capture.files.iter().enumerate() {
-            if !f.path.starts_with('/') {
-                return Err(SpecError::new(
-                    format!("capture.files[{i}].path"),
-                    "must be an absolute path",
-                ));
-            }
+            container_path(&f.path)
+                .map_err(|rule| SpecError::new(format!("capture.files[{i}].path"), rule))?;
             if f.name.is_empty() || f.name.contains('/') {
                 return Err(SpecError::new(
                     format!("capture.files[{i}].name"),
@@ -352,6 +438,96 @@ impl JobSpec {
         spec.validate()?;
         Ok(spec)
     }
+}
+
+/// Whether `image` is a reference Docker accepts: `[host[:port]/]path[:tag][@digest]`, as
+/// distribution's reference grammar says, each path component in lower case.
+fn image_reference(image: &str) -> Result<(), &'static str> {
+    const FORM: &str =
+        "must be an image reference, [registry/]name[:tag][@digest], its name in lower case";
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    if let Some(digest) = digest {
+        let (hex, digits) = match digest.split_once(':') {
+            Some(("sha256", hex)) => (hex, 64),
+            Some(("sha384", hex)) => (hex, 96),
+            Some(("sha512", hex)) => (hex, 128),
+            _ => return Err("must end in a digest of sha256, sha384 or sha512, if any"),
+        };
+        if hex.len() != digits || !hex.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')) {
+            return Err("must end in a digest such as @sha256: and 64 lower-case hex digits");
+        }
+    }
+    let (name, tag) = match rest.rfind(':') {
+        Some(i) if !rest[i..].contains('/') => (&rest[..i], Some(&rest[i + 1..])),
+        _ => (rest, None),
+    };
+    if let Some(tag) = tag {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        if tag.is_empty()
+            || tag.len() > 128
+            || !tag.starts_with(word)
+            || !tag.chars().all(|c| word(c) || c == '.' || c == '-')
+        {
+            return Err("must have a tag of at most 128 letters, digits, '_', '.' and '-'");
+        }
+    }
+    if name.len() > 255 {
+        return Err("must have a name of at most 255 characters");
+    }
+    let mut parts = name.split('/').peekable();
+    let first = parts.next().unwrap_or_default();
+    let is_host = parts.peek().is_some() && (first.contains(['.', ':']) || first == "localhost");
+    let path_start = if is_host {
+        if !host(first) {
+            return Err(FORM);
+        }
+        None
+    } else {
+        Some(first)
+    };
+    if path_start.into_iter().chain(parts).all(path_component) {
+        Ok(())
+    } else {
+        Err(FORM)
+    }
+}
+
+/// `host[:port]` of a registry: DNS labels (Docker lets `_` pass too), or an IPv6 address in
+/// brackets.
+fn host(text: &str) -> bool {
+    let (host, port) = match text.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => (host, Some(port)),
+        _ => (text, None),
+    };
+    if port.is_some_and(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
+        return false;
+    }
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return !v6.is_empty() && v6.chars().all(|c| c.is_ascii_hexdigit() || c == ':');
+    }
+    !host.is_empty()
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+}
+
+/// Lower-case letters and digits, joined by `.`, `_`, `__` or a run of `-`.
+fn path_component(text: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !text.starts_with(alnum) || !text.ends_with(alnum) {
+        return false;
+    }
+    text.split(alnum)
+        .filter(|sep| !sep.is_empty())
+        .all(|sep| matches!(sep, "." | "_" | "__") || sep.chars().all(|c| c == '-'))
 }
 
 /// `yaml_serde` stops only at 128 levels and at a count of alias jumps, not at what they
@@ -486,6 +662,154 @@ mod tests {
             "job file: line 4: nested deeper than the limit of 64 levels"
         );
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    /// A change to a valid spec.
+    type Change = fn(&mut JobSpec);
+
+    fn env(name: &str, value: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+
+    fn file(path: &str) -> JobFile {
+        JobFile {
+            path: path.into(),
+            content: "x".into(),
+        }
+    }
+
+    /// The field `change` makes `validate` refuse, or `None` when it accepts.
+    fn refused_field(change: Change) -> Option<String> {
+        let mut s = spec();
+        change(&mut s);
+        s.validate().err().map(|e| e.field)
+    }
+
+    #[test]
+    fn every_number_is_bounded_naming_its_field() {
+        // u64::MAX seconds was accepted, then the job failed at start ("limit reached").
+        let past: [(&str, Change); 9] = [
+            ("maxRunSeconds", |s| s.max_run_seconds = Some(u64::MAX)),
+            ("maxRunSeconds", |s| {
+                s.max_run_seconds = Some(MAX_RUN_SECONDS + 1)
+            }),
+            ("gpus", |s| s.gpus = u32::MAX),
+            ("gpus", |s| s.gpus = MAX_GPUS + 1),
+            ("priority", |s| s.priority = i32::MAX),
+            ("priority", |s| s.priority = i32::MIN),
+            ("retry.backoffSeconds", |s| {
+                s.retry.backoff_seconds = u32::MAX
+            }),
+            ("retry.maxBackoffSeconds", |s| {
+                s.retry.max_backoff_seconds = u32::MAX
+            }),
+            ("retry.backoffFactor", |s| s.retry.backoff_factor = u32::MAX),
+        ];
+        for (field, change) in past {
+            assert_eq!(refused_field(change).as_deref(), Some(field));
+        }
+        let at_the_bounds: [Change; 7] = [
+            |s| s.max_run_seconds = Some(MAX_RUN_SECONDS),
+            |s| s.gpus = MAX_GPUS,
+            |s| s.priority = MAX_PRIORITY,
+            |s| s.priority = -MAX_PRIORITY,
+            |s| s.retry.backoff_seconds = MAX_BACKOFF_SECONDS,
+            |s| s.retry.max_backoff_seconds = MAX_BACKOFF_SECONDS,
+            |s| s.retry.backoff_factor = MAX_BACKOFF_FACTOR,
+        ];
+        for change in at_the_bounds {
+            assert_eq!(refused_field(change), None);
+        }
+        let mut s = spec();
+        s.max_run_seconds = Some(u64::MAX);
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "maxRunSeconds: must be between 1 and 31536000 (a year)"
+        );
+    }
+
+    #[test]
+    fn what_the_engine_would_refuse_is_refused_at_submit() {
+        // Docker refuses these when it creates or starts the container, or (NUL in an
+        // argument) cuts the argument short.
+        let refused: [(&str, Change); 20] = [
+            ("env[0].value", (|s| s.env = vec![env("A", "x\0y")])),
+            ("env[0].name", (|s| s.env = vec![env("A=B", "x")])),
+            ("env[0].name", (|s| s.env = vec![env("", "x")])),
+            ("env[0].name", (|s| s.env = vec![env("A\0", "x")])),
+            ("name", (|s| s.name = "train\0".into())),
+            ("command[0]", (|s| s.command = vec!["".into()])),
+            (
+                "command[1]",
+                (|s| s.command = vec!["sh".into(), "a\0b".into()]),
+            ),
+            ("args[0]", (|s| s.args = vec!["\0".into()])),
+            ("image", (|s| s.image = "Trainer:1".into())),
+            ("image", (|s| s.image = "trainer:1\0".into())),
+            ("image", (|s| s.image = "trainer:".into())),
+            ("image", (|s| s.image = "trainer@sha256:abc".into())),
+            ("image", (|s| s.image = format!("{}:1", "a".repeat(256)))),
+            ("files[0].path", (|s| s.files = vec![file("etc/x")])),
+            ("files[0].path", (|s| s.files = vec![file("/etc/../x")])),
+            ("files[0].path", (|s| s.files = vec![file("/x\0")])),
+            ("files[0].path", (|s| s.files = vec![file("/")])),
+            (
+                "files[1].path",
+                (|s| s.files = vec![file("/a/x"), file("/a/x/y")]),
+            ),
+            (
+                "files[0].path",
+                (|s| s.files = vec![file("/a/x/y"), file("/a//x")]),
+            ),
+            (
+                "capture.files[0].path",
+                (|s| {
+                    s.capture.files = vec![CaptureFile {
+                        name: "out".into(),
+                        path: "/out/../x".into(),
+                    }]
+                }),
+            ),
+        ];
+        for (field, change) in refused {
+            assert_eq!(refused_field(change).as_deref(), Some(field));
+        }
+        let accepted: [Change; 6] = [
+            |s| s.image = "registry.example.com:5000/team/trainer:1.4".into(),
+            |s| s.image = "localhost/a_b__c-d.e/f".into(),
+            |s| s.image = format!("trainer@sha256:{}", "a".repeat(64)),
+            |s| {
+                s.image = format!(
+                    "ghcr.io/org/trainer:v1.2.3-rc.1@sha256:{}",
+                    "0123456789abcdef".repeat(4)
+                )
+            },
+            |s| s.args = vec!["".into(), "--lr=1e-5".into()],
+            |s| {
+                s.files = vec![
+                    JobFile {
+                        path: "/a/x:y,z".into(),
+                        content: "\0".into(),
+                    },
+                    JobFile {
+                        path: "/a/xy".into(),
+                        content: String::new(),
+                    },
+                ]
+            },
+        ];
+        for change in accepted {
+            assert_eq!(refused_field(change), None);
+        }
+        // As many files as a 1 MiB body holds are checked at once, not pair by pair.
+        let mut s = spec();
+        s.files = (0..30_000).map(|i| file(&format!("/d/{i}/f"))).collect();
+        let started = std::time::Instant::now();
+        assert_eq!(s.validate(), Ok(()));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
     #[test]

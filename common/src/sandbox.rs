@@ -117,6 +117,18 @@ pub fn normal_path(path: &str) -> Result<String, &'static str> {
     if path.contains([':', ',', '\n', '\0']) {
         return Err("must not contain ':', ',' or control characters");
     }
+    container_path(path)
+}
+
+/// A path in a container, as [`normal_path`] but with any character but NUL (a file placed
+/// in a container by archive, a file read back from one).
+pub fn container_path(path: &str) -> Result<String, &'static str> {
+    if !path.starts_with('/') {
+        return Err("must be an absolute path");
+    }
+    if path.contains('\0') {
+        return Err("must not contain a NUL byte");
+    }
     let mut parts = Vec::new();
     for part in path.split('/') {
         match part {

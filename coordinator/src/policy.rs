@@ -131,6 +131,27 @@ impl PolicyConfig {
                     .map_err(|rule| (format!("policy.{key}[{i}]"), rule.to_owned()))?;
             }
         }
+        let run_limits = self.teams.iter().filter_map(|(team, t)| {
+            Some((
+                format!("policy.teams.{team}.max_run_seconds"),
+                t.max_run_seconds?,
+            ))
+        });
+        let run_limits = [(
+            "policy.max_run_seconds_per_job".to_owned(),
+            self.max_run_seconds_per_job,
+        )]
+        .into_iter()
+        .chain(run_limits);
+        for (key, secs) in run_limits {
+            if secs > nightshift_common::MAX_RUN_SECONDS {
+                let most = nightshift_common::MAX_RUN_SECONDS;
+                return Err((
+                    key,
+                    format!("must be at most {most} (a year), the most a job may ask for"),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -584,6 +605,32 @@ mod tests {
             ))
         );
         assert_eq!(PolicyConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_run_time_limit_no_job_could_ask_for_is_a_configuration_error() {
+        // Filled into every job that names none, it would get each refused at submit.
+        let mut policy = PolicyConfig {
+            max_run_seconds_per_job: nightshift_common::MAX_RUN_SECONDS + 1,
+            ..PolicyConfig::default()
+        };
+        let rule = "must be at most 31536000 (a year), the most a job may ask for".to_owned();
+        assert_eq!(
+            policy.validate(),
+            Err(("policy.max_run_seconds_per_job".to_owned(), rule.clone()))
+        );
+        policy.max_run_seconds_per_job = nightshift_common::MAX_RUN_SECONDS;
+        policy.teams.insert(
+            "nlp".into(),
+            TeamPolicy {
+                max_run_seconds: Some(u64::MAX),
+                ..TeamPolicy::default()
+            },
+        );
+        assert_eq!(
+            policy.validate(),
+            Err(("policy.teams.nlp.max_run_seconds".to_owned(), rule))
+        );
     }
 
     #[test]
