@@ -125,7 +125,12 @@ async fn bad_jobs_are_refused_with_the_field_named_and_nothing_is_stored() {
     let s = start().await;
     s.register("n1", 4).await;
     let cases = [
-        (job(json!({"gpu": 3})), 400, "unknown field `gpu`", None),
+        (
+            job(json!({"gpu": 3})),
+            400,
+            "gpu: unknown field `gpu`",
+            Some("gpu"),
+        ),
         (
             job(json!({"image": ""})),
             422,
@@ -138,7 +143,18 @@ async fn bad_jobs_are_refused_with_the_field_named_and_nothing_is_stored() {
             "gpus: 8 is more than any node has (the largest has 4)",
             Some("gpus"),
         ),
-        (job(json!({"gpus": "two"})), 400, "invalid type", None),
+        (
+            job(json!({"gpus": "two"})),
+            400,
+            "gpus: invalid type",
+            Some("gpus"),
+        ),
+        (
+            job(json!({"retry": {"limit": -1}})),
+            400,
+            "retry.limit: invalid value: integer `-1`, expected u32",
+            Some("retry.limit"),
+        ),
         (
             job(json!({"checkpoint": {"signal": "SIGKILL"}})),
             422,

@@ -93,7 +93,41 @@ fn build(
         .merge(api)
         .merge(agent_routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(body_limit))
         .with_state(cluster)
+}
+
+/// The one body limit: a body longer than [`MAX_BODY`] is refused (413) before access
+/// control, policy or a handler sees it, at once when its length is declared, else once that
+/// much has arrived. What is passed on is whole, so nothing after this fails to read it.
+async fn body_limit(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let too_large = || {
+        let error = format!("request body larger than the limit of {MAX_BODY} bytes");
+        HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, error, None).into_response()
+    };
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY as u64) {
+        return too_large();
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            return HttpError::bad_request(format!("unreadable body: {e}")).into_response();
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
 }
 
 /// The agent protocol; over HTTPS only for the node that the client certificate names.
@@ -188,8 +222,20 @@ impl From<ApplyError> for HttpError {
     }
 }
 
-/// Parses a JSON body, answering 400 with serde's message (which names the field and the
-/// position) when it does not fit.
+/// Parses a JSON body, answering 400 with serde's message, the path of the field it is about
+/// (`retry.limit: invalid value: integer ...`) and the position, when it does not fit.
 pub fn parse<T: serde::de::DeserializeOwned>(what: &str, body: &[u8]) -> Result<T, HttpError> {
-    serde_json::from_slice(body).map_err(|e| HttpError::bad_request(format!("invalid {what}: {e}")))
+    let mut json = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let field = e.path().to_string();
+        let e = e.into_inner();
+        if field == "." {
+            return HttpError::bad_request(format!("invalid {what}: {e}"));
+        }
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid {what}: {field}: {e}"),
+            Some(&field),
+        )
+    })
 }
