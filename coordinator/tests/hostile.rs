@@ -1,7 +1,8 @@
 //! Hostile input against the real `nightshift-coordinator` binary, as anyone who can reach its
 //! API could send it (anyone at all before tokens exist): YAML alias bombs on the pipeline and
-//! job routes, bodies of 1 MB and 50 MB, invalid UTF-8, deep nesting of JSON and YAML, and
-//! every numeric extreme of the job spec. Each is refused with a 4xx that names the problem,
+//! job routes, bodies of 1 MB and 50 MB, invalid UTF-8, deep nesting of JSON and YAML, every
+//! numeric extreme of the job spec, and a pipeline loop over 100,000 items. Each is refused
+//! with a 4xx that names the problem (the loop's run is accepted and its step errors),
 //! nothing is queued, the coordinator answers at once afterwards, and its peak resident size
 //! stays bounded.
 
@@ -13,9 +14,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// Most the coordinator's resident size may ever reach in this test (VmHWM). A debug build
-/// started at 19 MB and peaked at 25 MB through this test; before the YAML limits, the
-/// eight-level bomb alone grew it until an allocation failed, and seven levels left it at
-/// 540-730 MB.
+/// started at 19 MB and peaked at 30 MB through this test; before the YAML limits, the
+/// eight-level bomb alone grew it until an allocation failed, and before the loop limits the
+/// loop took it past 24 GB.
 const MAX_PEAK_RSS_KB: u64 = 100 * 1024;
 
 /// Longest any hostile request may take to be answered.
@@ -396,6 +397,36 @@ async fn hostile_input_is_refused_and_the_coordinator_stays_up_and_small() {
         let status = c.http.get(c.at(path)).send().await.unwrap().status();
         assert_eq!(status.as_u16(), 400, "{path}");
     }
+
+    // A loop over 100,000 items (300 kB) unfolded into as many nodes, each holding a copy of
+    // the parameters: past 24 GB. Accepted as a run, its loop step errors instead.
+    let fan = "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  name: fan\n\
+               spec:\n  entrypoint: main\n  arguments:\n    parameters:\n    - name: items\n\
+               \x20     value: '[]'\n  templates:\n  - name: main\n    steps:\n\
+               \x20   - - name: each\n        template: work\n\
+               \x20       withParam: '{{workflow.parameters.items}}'\n  - name: work\n\
+               \x20   container:\n      image: busybox\n      command: ['true']\n";
+    let items = serde_json::to_string(&vec![0; 100_000]).unwrap();
+    let body = serde_json::json!({"file": "fan.yaml", "text": fan, "parameters": {"items": items}});
+    let started = Instant::now();
+    let resp = c
+        .http
+        .post(c.at("/v1/pipelines"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let view = resp.text().await.unwrap();
+    assert!(
+        view.contains("past its limits of 10000 steps"),
+        "{view:.500}"
+    );
+    assert!(
+        started.elapsed() < PROMPT,
+        "fan-out took {:?}",
+        started.elapsed()
+    );
 
     // Nothing was queued, the coordinator answers at once, and it is still small.
     let started = Instant::now();

@@ -26,6 +26,12 @@ pub type NodeId = usize;
 /// Longest `outputs.result` kept, in bytes: the end of stdout beyond it is cut.
 pub const MAX_RESULT_BYTES: usize = 256 << 10;
 
+/// Most nodes (steps, tasks, loop items) a run may unfold into.
+pub const MAX_RUN_NODES: usize = 10_000;
+/// Most bytes the scopes of a loop's items may hold together: each item's node keeps a copy
+/// of its scope, the workflow's parameters included.
+pub const MAX_LOOP_SCOPE_BYTES: usize = 64 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Phase {
     Pending,

@@ -19,6 +19,11 @@ impl Scope {
         self.values.get(name).map(String::as_str)
     }
 
+    /// The bytes of its names and values: what a copy of it holds.
+    pub fn bytes(&self) -> usize {
+        self.values.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
     /// Adds `item` and, for an object, `item.FIELD` for each field.
     pub fn set_item(&mut self, item: &serde_json::Value) {
         self.set("item", json_text(item));

@@ -536,3 +536,54 @@ fn artifacts_pass_a_file_from_one_step_to_the_next() {
         )
     );
 }
+
+#[test]
+fn a_loop_past_the_run_limits_errors_instead_of_unfolding() {
+    // 300 kB of withParam (100,000 items) took the coordinator past 24 GB: each item's node
+    // keeps a copy of its scope, the workflow's parameters included.
+    let text = "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  name: fan\n\
+                spec:\n  entrypoint: main\n  arguments:\n    parameters:\n    - name: items\n\
+                \x20     value: '[]'\n    - name: pad\n      value: ''\n  templates:\n\
+                \x20 - name: main\n    steps:\n    - - name: each\n        template: work\n\
+                \x20       withParam: '{{workflow.parameters.items}}'\n  - name: work\n\
+                \x20   container:\n      image: busybox\n      command: ['true']\n";
+    let start = |items: usize, pad: usize| {
+        let wf = nightshift_pipeline::load(text).unwrap();
+        let params = BTreeMap::from([
+            (
+                "items".to_owned(),
+                serde_json::to_string(&vec![0; items]).unwrap(),
+            ),
+            ("pad".to_owned(), "x".repeat(pad)),
+        ]);
+        let mut run = Run::start(wf, "r", &params, 0).unwrap();
+        run.handle(0, Input::Tick);
+        run
+    };
+    let each = |run: &Run| {
+        run.nodes
+            .iter()
+            .find(|n| n.name.ends_with(".each"))
+            .cloned()
+            .unwrap()
+    };
+    // Past the steps of a run, and past the bytes their scopes hold.
+    for (items, pad, limit) in [
+        (12_000, 0, "10000 steps"),
+        (1_000, 100_000, "67108864 bytes"),
+    ] {
+        let run = start(items, pad);
+        assert!(
+            run.nodes.len() < 10,
+            "{items} items: {} nodes",
+            run.nodes.len()
+        );
+        let each = each(&run);
+        assert_eq!(each.phase, Phase::Errored);
+        let message = each.message.unwrap_or_default();
+        assert!(message.contains(limit), "{message}");
+    }
+    // Within them, one node per item.
+    let run = start(5_000, 1_000);
+    assert_eq!(each(&run).children.len(), 5_000);
+}
