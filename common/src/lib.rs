@@ -3,11 +3,16 @@
 //! Everything that crosses a process boundary (the job file, the HTTP API, the agent
 //! protocol) is defined here and only here. Every type refuses unknown fields, so a typo in a
 //! job file or a mismatched agent is an error that names the field, never a silent default.
+//!
+//! Behind the `logging` feature, [`logging`] holds the binaries' log setup (journald-aware) and
+//! error printing.
 
 pub mod agent;
 pub mod api;
 pub mod job;
 pub mod labels;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod pipeline;
 pub mod sandbox;
 pub mod yaml;

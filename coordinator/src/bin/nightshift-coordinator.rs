@@ -100,16 +100,11 @@ enum TlsCommand {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    nightshift_common::logging::init("info");
     match run(Args::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            nightshift_common::logging::print_error(e.as_ref());
             std::process::ExitCode::FAILURE
         }
     }
