@@ -34,6 +34,19 @@ mkdir -p "$out"
 cargo deb --no-build --locked -Z gz -p nightshift-agent -o "$out/" >/dev/null
 cargo deb --no-build --locked -Z gz -p nightshift-coordinator --variant coordinator -o "$out/" >/dev/null
 cargo deb --no-build --locked -Z gz -p nightshift-coordinator -o "$out/" >/dev/null
+# cargo-deb takes the one-line Description from the crate's `description`, which the coordinator
+# and the CLI share (one crate, two packages): give each package its own, the rpm's summary.
+describe() { # describe DEB SUMMARY
+    local tree
+    tree="$(mktemp -d)"
+    dpkg-deb -R "$1" "$tree"
+    sed -i "s|^Description: .*|Description: $2|" "$tree/DEBIAN/control"
+    dpkg-deb --root-owner-group -Zgzip -b "$tree" "$1" >/dev/null
+    rm -rf "$tree"
+}
+describe "$(ls "$out"/nightshift-coordinator_*.deb)" \
+    "nightshift coordinator: job queue, scaling decisions and GPU leases"
+describe "$(ls "$out"/nightshift_*.deb)" "nightshift command line: submit and watch GPU-harvesting jobs"
 cargo generate-rpm -p agent -o "$out/" >/dev/null
 cargo generate-rpm -p coordinator --variant coordinator -o "$out/" >/dev/null
 cargo generate-rpm -p coordinator -o "$out/" >/dev/null

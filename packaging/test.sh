@@ -4,7 +4,7 @@
 # machine, runs `validate` as the service user, checks that an edited configuration survives
 # a reinstall and that a bad one is refused with its file, key and line, then purges them and
 # checks that nothing of ours is left but the nightshift system user (Debian policy keeps
-# system users).
+# system users). Then packaging/systemd-test.sh boots them under systemd in a container.
 #
 # It installs system-wide, so it needs root (or sudo) and refuses to run where a nightshift
 # package is already installed.
@@ -49,6 +49,11 @@ for script in postinst postrm prerm; do
     dpkg-deb -I "$agent_deb" "$script" >/dev/null || fail "$agent_deb lacks $script"
 done
 dpkg-deb -I "$agent_deb" postinst | grep -q "useradd --system" || fail "agent postinst creates no user"
+dpkg-deb -I "$agent_deb" postinst | grep -q "groupadd --system docker" ||
+    fail "agent postinst does not create a missing docker group (the unit would fail with 216/GROUP)"
+has "$list" /usr/libexec/nightshift/remove-agent-containers "$agent_deb"
+dpkg-deb -I "$agent_deb" prerm | grep -q "remove-agent-containers" ||
+    fail "agent prerm does not remove the agent's containers"
 
 list="$(dpkg-deb -c "$coord_deb" | awk '{print $NF}')"
 has "$list" /usr/bin/nightshift-coordinator "$coord_deb"
@@ -59,6 +64,9 @@ lacks "$list" /usr/bin/nightshift-agent "$coord_deb"
 [ "$(dpkg-deb -I "$coord_deb" conffiles)" = "/etc/nightshift/coordinator.toml" ] ||
     fail "$coord_deb: conffiles is not exactly /etc/nightshift/coordinator.toml"
 
+# Each package its own one-line description.
+descriptions="$(for f in "$agent_deb" "$coord_deb" "$cli_deb"; do dpkg-deb -f "$f" Description | head -n1; done)"
+[ "$(sort -u <<<"$descriptions" | wc -l)" = 3 ] || fail "two packages share a description: $descriptions"
 list="$(dpkg-deb -c "$cli_deb" | awk '{print $NF}')"
 has "$list" /usr/bin/nightshift "$cli_deb"
 lacks "$list" /usr/bin/nightshift- "$cli_deb"
@@ -70,6 +78,9 @@ for unit in packaging/agent/nightshift-agent.service packaging/coordinator/night
         "CapabilityBoundingSet=" "ExecStartPre=/usr/bin/nightshift-.* validate --config /etc/nightshift/"; do
         grep -qE "^$line\$|^$line" "$unit" || fail "$unit lacks $line"
     done
+    # A broken configuration must not restart it every 5 s for ever.
+    grep -qE "^StartLimitIntervalSec=[1-9]" "$unit" && grep -qE "^StartLimitBurst=[1-9]" "$unit" ||
+        fail "$unit has no start limit"
     # Only the state directory is writable: no ReadWritePaths beyond it.
     ! grep -q "^ReadWritePaths=" "$unit" || fail "$unit opens more writable paths than its state"
 done
@@ -114,6 +125,9 @@ has "$list" /usr/lib/systemd/system/nightshift-agent.service "$agent_rpm"
 rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$agent_rpm" 2>/dev/null |
     grep -q "^cn /etc/nightshift/agent.toml$" || fail "$agent_rpm: agent.toml is not %config(noreplace)"
 rpm -qp --scripts "$agent_rpm" 2>/dev/null | grep -q "useradd --system" || fail "agent rpm creates no user"
+rpm -qp --scripts "$agent_rpm" 2>/dev/null | grep -q "remove-agent-containers" ||
+    fail "agent rpm does not remove the agent's containers on erase"
+has "$list" /usr/libexec/nightshift/remove-agent-containers "$agent_rpm"
 list="$(rpm -qlp "$coord_rpm" 2>/dev/null)"
 has "$list" /usr/bin/nightshift-coordinator "$coord_rpm"
 has "$list" /etc/nightshift/coordinator.toml "$coord_rpm"
@@ -219,9 +233,19 @@ left="$(ls -d /etc/nightshift /var/lib/nightshift /usr/bin/nightshift* \
     /usr/lib/systemd/system/nightshift-* /etc/systemd/system/*/nightshift-* \
     /var/lib/systemd/deb-systemd-helper-enabled/*nightshift* \
     /var/lib/systemd/deb-systemd-helper-masked/*nightshift* \
-    /usr/share/doc/nightshift* /usr/share/nightshift 2>/dev/null || true)"
+    /usr/share/doc/nightshift* /usr/share/nightshift /usr/libexec/nightshift 2>/dev/null || true)"
 [ -z "$left" ] || fail "purge left files behind: $left"
 for pkg in nightshift-agent nightshift-coordinator nightshift; do
     ! dpkg-query -W "$pkg" >/dev/null 2>&1 || fail "dpkg still knows $pkg after purge"
 done
 step "ok (the nightshift system user stays, as Debian policy advises)"
+
+# The same packages under a booted systemd, in a container (journal, restarts, start limit,
+# the docker group, purge): packaging/systemd-test.sh.
+if [ "${NIGHTSHIFT_SKIP_SYSTEMD_TEST:-}" = 1 ]; then
+    step "NIGHTSHIFT_SKIP_SYSTEMD_TEST=1: the systemd test did not run"
+else
+    started=$SECONDS
+    $sudo bash packaging/systemd-test.sh
+    step "the systemd test took $((SECONDS - started)) s"
+fi
