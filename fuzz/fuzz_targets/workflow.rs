@@ -16,7 +16,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(doc) = yaml::parse(text) {
         let _ = doc.to_json();
     }
-    let lines = text.lines().count().max(1);
+    // YAML breaks lines at `\n`, `\r\n` and a lone `\r`; an error at the end of the file
+    // may name the line after the last.
+    let breaks =
+        text.matches('\n').count() + text.matches('\r').count() - text.matches("\r\n").count();
+    let lines = breaks + 1;
     match nightshift_pipeline::load(text) {
         Ok(wf) => {
             assert_eq!(
