@@ -148,7 +148,7 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
         .join("agent")
         .join("jobs")
         .join(job.id.to_string())
-        .join("checkpoint");
+        .join("checkpoints");
     wait("the job's first checkpoint", || {
         has_checkpoint(&checkpoints)
     })
@@ -323,11 +323,16 @@ fn trainer() -> JobSpec {
     }
 }
 
-fn has_checkpoint(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|d| {
-        d.flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
-    })
+/// Whether any attempt's checkpoint directory (`checkpoints/EPOCH`, one per lease) holds a
+/// checkpoint file.
+fn has_checkpoint(attempts: &Path) -> bool {
+    let holds_one = |dir: &Path| {
+        std::fs::read_dir(dir).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+        })
+    };
+    std::fs::read_dir(attempts).is_ok_and(|d| d.flatten().any(|e| holds_one(&e.path())))
 }
 
 async fn wait(what: &str, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
