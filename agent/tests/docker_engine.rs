@@ -297,8 +297,9 @@ async fn a_container_that_cannot_start_is_not_left_behind() -> Result<()> {
         device_ids: vec!["GPU-00000000-0000-0000-0000-000000000000".into()],
     };
     match t.engine.run(&spec).await {
-        Err(EngineError::Other(message)) => println!("start refused: {message}"),
-        other => bail!("expected the start to fail, got {other:?}"),
+        // The engine's "no" is the container's own fault: the attempt fails, the pass goes on.
+        Err(EngineError::Refused { reason, .. }) => println!("start refused: {reason}"),
+        other => bail!("expected the engine to refuse the start, got {other:?}"),
     }
     assert!(t.engine.list(&t.labels()).await?.is_empty());
     t.cleanup().await
