@@ -150,6 +150,15 @@ impl AgentTlsConfig {
                     ),
                 )
             })?;
+        // The coordinator's certificate is a client certificate too (it reads the agents'
+        // job routes), but it must never speak for a node.
+        if is_coordinator(&chain[0]) {
+            return Err(err(
+                "tls.cert_file",
+                cert_file,
+                "is the coordinator's certificate, not an agent certificate",
+            ));
+        }
         builder
             .with_client_auth_cert(chain, key)
             .map(Some)
