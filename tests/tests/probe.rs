@@ -198,3 +198,29 @@ async fn probe_without_vllm_says_why() {
         "{error}"
     );
 }
+
+/// A Docker socket the agent cannot use is reported with the operating system's reason
+/// ("connection refused", "permission denied"), not only bollard's "client error (Connect)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_names_why_the_docker_socket_cannot_be_used() {
+    // A file that is not a socket: connecting to it is refused.
+    let not_a_socket = tempfile::NamedTempFile::new().expect("temp file");
+    let host = format!("unix://{}", not_a_socket.path().display());
+    let out = tokio::process::Command::new(workspace_bin("nightshift-agent"))
+        .args(["probe", "--output", "json", "--node", &unique_node("probe")])
+        .env("DOCKER_HOST", &host)
+        .output()
+        .await
+        .expect("run nightshift-agent probe");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "probe printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let error = report["docker"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&host) && error.contains("Connection refused"),
+        "{report:#}"
+    );
+}
