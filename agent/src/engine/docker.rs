@@ -48,15 +48,7 @@ impl DockerEngine {
         let unreachable = |err: DockerError| {
             // bollard's own text ("client error (Connect)") hides why: name every cause, so
             // that "permission denied" or "no such file" reaches the operator.
-            let mut reason = err.to_string();
-            let mut source = std::error::Error::source(&err);
-            while let Some(cause) = source {
-                let cause_text = cause.to_string();
-                if !reason.contains(&cause_text) {
-                    reason = format!("{reason}: {cause_text}");
-                }
-                source = cause.source();
-            }
+            let reason = nightshift_common::logging::error_message(&err);
             EngineError::Other(format!(
                 "cannot reach the docker daemon at {socket}: {reason} \
                  (is dockerd running, and may this user open its socket?)"

@@ -108,7 +108,7 @@ pub async fn logs(
         .map_err(|e| unreachable(&e))?;
     let response = match tokio::time::timeout(ANSWER, client.request(request)).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(unreachable(&error_chain(&e))),
+        Ok(Err(e)) => return Err(unreachable(&nightshift_common::logging::error_message(&e))),
         Err(_) => return Err(unreachable(&format!("no answer within {ANSWER:?}"))),
     };
     let status = response.status();
@@ -140,18 +140,6 @@ fn scheme_allowed(tls: bool, agent_url: &str) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// An error and its causes, `: `-separated (a refused TLS handshake is a cause of a
-/// connection error).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]
