@@ -175,7 +175,6 @@ pub fn agent_client_config_as(
     let verifier = NodeCertificate {
         node: node.to_owned(),
         chain: WebPkiClientVerifier::builder_with_provider(roots, provider.clone()).build()?,
-        provider: provider.clone(),
     };
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
@@ -205,7 +204,6 @@ pub fn agent_client_config_as(
 struct NodeCertificate {
     node: String,
     chain: Arc<dyn rustls::server::danger::ClientCertVerifier>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
 impl rustls::client::danger::ServerCertVerifier for NodeCertificate {
@@ -231,18 +229,15 @@ impl rustls::client::danger::ServerCertVerifier for NodeCertificate {
         }
     }
 
+    // The handshake's signatures are checked as the cluster CA's verifier checks them when
+    // the agent calls in.
     fn verify_tls12_signature(
         &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chain.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -251,18 +246,11 @@ impl rustls::client::danger::ServerCertVerifier for NodeCertificate {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chain.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.chain.supported_verify_schemes()
     }
 }
 
