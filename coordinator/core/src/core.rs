@@ -761,11 +761,7 @@ impl Core {
         let (state, attempt) = (job.state, job.attempt);
         // A lease taken back before its attempt began (no member reported running or
         // exited) preempted nothing: no work was lost.
-        let began = job.attempt_began()
-            || matches!(
-                event,
-                JobEvent::MemberExited { .. } | JobEvent::MemberLost { ran: true, .. }
-            );
+        let began = job.attempt_began() || event.container_existed();
         let preemption = began
             && !matches!(event, JobEvent::MemberStartFailed { .. })
             && match state {

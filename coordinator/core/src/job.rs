@@ -88,6 +88,15 @@ impl JobEvent {
         }
     }
 
+    /// Whether the event shows that the member's container existed: it exited, or the agent
+    /// had reported it before it was lost.
+    pub fn container_existed(&self) -> bool {
+        matches!(
+            self,
+            Self::MemberExited { .. } | Self::MemberLost { ran: true, .. }
+        )
+    }
+
     fn lease(&self) -> Option<u64> {
         match self {
             Self::MemberExited { lease, .. }
@@ -178,10 +187,7 @@ impl Job {
             None => None,
         };
         let last = self.leases.is_empty();
-        let ran = matches!(
-            event,
-            JobEvent::MemberExited { .. } | JobEvent::MemberLost { ran: true, .. }
-        );
+        let ran = event.container_existed();
         let began = self.attempt_started_at;
         if ran && !self.state.is_finished() {
             // A container that exited existed: its attempt began (seen first now, so it adds
