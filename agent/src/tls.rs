@@ -9,10 +9,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::pki_types::{PrivateKeyDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use serde::Deserialize;
+
+// The certificate helpers the coordinator shares (nightshift-common's `tls` feature).
+pub use nightshift_common::tls::{
+    COMMON_NAME, COORDINATOR_UNIT, ORGANIZATIONAL_UNIT, TlsFileError, is_coordinator,
+    subject_attribute,
+};
+use nightshift_common::tls::{load_certs as certs, provider};
 
 /// `[tls]` of agent.toml: needed when the coordinator's URL is `https://`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
@@ -26,36 +33,8 @@ pub struct AgentTlsConfig {
     pub key_file: Option<PathBuf>,
 }
 
-/// The organizational unit in the subject of the coordinator's certificate
-/// (`nightshift-coordinator tls init` issues it with it; agents' certificates never carry it):
-/// the one identity the agent serves job data to.
-pub const COORDINATOR_UNIT: &str = "nightshift coordinator";
-
-#[derive(Debug, thiserror::Error)]
-#[error("{key} ({}): {reason}", path.display())]
-pub struct TlsFileError {
-    pub key: &'static str,
-    pub path: PathBuf,
-    pub reason: String,
-}
-
 fn err(key: &'static str, path: &Path, reason: impl ToString) -> TlsFileError {
-    TlsFileError {
-        key,
-        path: path.to_owned(),
-        reason: reason.to_string(),
-    }
-}
-
-fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| err(key, path, format!("cannot read: {e}")))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(key, path, format!("not a PEM certificate: {e}")))?;
-    if certs.is_empty() {
-        return Err(err(key, path, "holds no PEM certificate"));
-    }
-    Ok(certs)
+    TlsFileError::new(key, path, reason)
 }
 
 fn roots(ca_file: &Path) -> Result<RootCertStore, TlsFileError> {
@@ -66,10 +45,6 @@ fn roots(ca_file: &Path) -> Result<RootCertStore, TlsFileError> {
             .map_err(|e| err("tls.ca_file", ca_file, format!("not a CA certificate: {e}")))?;
     }
     Ok(roots)
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 impl AgentTlsConfig {
@@ -170,72 +145,4 @@ impl AgentTlsConfig {
                 )
             })
     }
-}
-
-/// The OID of a subject's common name (2.5.4.3).
-pub const COMMON_NAME: [u8; 3] = [0x55, 0x04, 0x03];
-/// The OID of a subject's organizational unit (2.5.4.11).
-pub const ORGANIZATIONAL_UNIT: [u8; 3] = [0x55, 0x04, 0x0b];
-
-/// Whether a DER certificate (one the cluster CA was already verified to have signed) is the
-/// coordinator's: its subject's organizational unit is [`COORDINATOR_UNIT`].
-pub fn is_coordinator(der: &[u8]) -> bool {
-    subject_attribute(der, &ORGANIZATIONAL_UNIT).as_deref() == Some(COORDINATOR_UNIT)
-}
-
-/// The first value of attribute `oid` (e.g. [`COMMON_NAME`]) in the subject of a DER
-/// certificate, if it has one as text.
-pub fn subject_attribute(der: &[u8], oid: &[u8]) -> Option<String> {
-    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serial,
-    //   signature, issuer, validity, subject, ... }, ... }
-    let (cert, _) = der_item(der, 0x30)?;
-    let (mut tbs, _) = der_item(cert, 0x30)?;
-    if tbs.first() == Some(&0xa0) {
-        tbs = der_item(tbs, 0xa0)?.1;
-    }
-    let mut rest = tbs;
-    // serial, signature, issuer, validity
-    for tag in [0x02, 0x30, 0x30, 0x30] {
-        rest = der_item(rest, tag)?.1;
-    }
-    let (mut subject, _) = der_item(rest, 0x30)?;
-    // Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value }
-    while !subject.is_empty() {
-        let (set, after) = der_item(subject, 0x31)?;
-        subject = after;
-        let (atv, _) = der_item(set, 0x30)?;
-        let (found, value) = der_item(atv, 0x06)?;
-        if found == oid {
-            let tag = *value.first()?;
-            // UTF8String, PrintableString, IA5String
-            if matches!(tag, 0x0c | 0x13 | 0x16) {
-                let (text, _) = der_item(value, tag)?;
-                return String::from_utf8(text.to_vec()).ok();
-            }
-        }
-    }
-    None
-}
-
-/// One DER item with tag `tag` at the start of `input`: its contents and what follows.
-fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    if *input.first()? != tag {
-        return None;
-    }
-    let first = *input.get(1)?;
-    let (len, header) = if first < 0x80 {
-        (first as usize, 2)
-    } else {
-        let n = (first & 0x7f) as usize;
-        if n == 0 || n > 4 {
-            return None;
-        }
-        let mut len = 0usize;
-        for b in input.get(2..2 + n)? {
-            len = (len << 8) | *b as usize;
-        }
-        (len, 2 + n)
-    };
-    let end = header.checked_add(len)?;
-    Some((input.get(header..end)?, input.get(end..)?))
 }

@@ -5,7 +5,8 @@
 //! job file or a mismatched agent is an error that names the field, never a silent default.
 //!
 //! Behind the `logging` feature, [`logging`] holds the binaries' log setup (journald-aware) and
-//! error printing.
+//! error printing; behind the `tls` feature, [`tls`] the certificate helpers of the agent, the
+//! coordinator and the CLI.
 
 pub mod agent;
 pub mod api;
@@ -15,6 +16,8 @@ pub mod labels;
 pub mod logging;
 pub mod pipeline;
 pub mod sandbox;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod yaml;
 
 pub use agent::*;

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use nightshift_common::tls::TlsFileError;
 use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ServerConfig};
@@ -52,16 +52,22 @@ pub enum TlsSetupError {
 }
 
 fn file_err(key: &'static str, path: &Path, reason: impl ToString) -> TlsSetupError {
-    TlsSetupError::File {
-        key,
-        path: path.to_owned(),
-        reason: reason.to_string(),
+    TlsSetupError::from(TlsFileError::new(key, path, reason))
+}
+
+impl From<TlsFileError> for TlsSetupError {
+    fn from(e: TlsFileError) -> Self {
+        Self::File {
+            key: e.key,
+            path: e.path,
+            reason: e.reason,
+        }
     }
 }
 
 /// The process's one crypto provider: ring.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    nightshift_common::tls::provider()
 }
 
 /// Every certificate in a PEM file; at least one.
@@ -69,31 +75,17 @@ pub fn load_certs(
     key: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_err(key, path, format!("cannot read: {e}")))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file_err(key, path, format!("not a PEM certificate: {e}")))?;
-    if certs.is_empty() {
-        return Err(file_err(key, path, "holds no PEM certificate"));
-    }
-    Ok(certs)
+    Ok(nightshift_common::tls::load_certs(key, path)?)
 }
 
 /// The private key of a PEM file.
 pub fn load_key(key: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
-    PrivateKeyDer::from_pem_file(path)
-        .map_err(|e| file_err(key, path, format!("no private key: {e}")))
+    Ok(nightshift_common::tls::load_key(key, path)?)
 }
 
 /// Roots holding the CA certificates of `path`.
 pub fn load_roots(key: &'static str, path: &Path) -> Result<Arc<RootCertStore>, TlsSetupError> {
-    let mut roots = RootCertStore::empty();
-    for cert in load_certs(key, path)? {
-        roots
-            .add(cert)
-            .map_err(|e| file_err(key, path, format!("not a usable CA certificate: {e}")))?;
-    }
-    Ok(Arc::new(roots))
+    Ok(nightshift_common::tls::load_roots(key, path)?)
 }
 
 /// The server's TLS configuration: its certificate, and agents' certificates verified

@@ -27,7 +27,7 @@ pub const CA_KEY: &str = "ca.key";
 pub const SERVER_CERT: &str = "coordinator.pem";
 pub const SERVER_KEY: &str = "coordinator.key";
 
-pub use nightshift_agent::tls::COORDINATOR_UNIT;
+pub use nightshift_common::tls::{COORDINATOR_UNIT, common_name, is_coordinator};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
@@ -185,11 +185,6 @@ pub fn read(path: &Path) -> Result<String, PkiError> {
     })
 }
 
-/// The subject common name of a DER certificate, if it has one.
-pub fn common_name(der: &[u8]) -> Option<String> {
-    nightshift_agent::tls::subject_attribute(der, &nightshift_agent::tls::COMMON_NAME)
-}
-
 #[cfg(test)]
 mod tests {
     use rustls::pki_types::CertificateDer;
@@ -214,13 +209,13 @@ mod tests {
         let names = ["coord.example".to_owned()];
         let coordinator = issue(&ca.key_pem, Leaf::Server(&names)).unwrap();
         let der = CertificateDer::from_pem_slice(coordinator.cert_pem.as_bytes()).unwrap();
-        assert!(nightshift_agent::tls::is_coordinator(&der));
+        assert!(is_coordinator(&der));
         assert_eq!(common_name(&der).as_deref(), Some("coord.example"));
         // A node named like the unit is still a node.
         for node in ["gpu-01", "nightshift.coordinator"] {
             let agent = issue(&ca.key_pem, Leaf::Agent(node)).unwrap();
             let der = CertificateDer::from_pem_slice(agent.cert_pem.as_bytes()).unwrap();
-            assert!(!nightshift_agent::tls::is_coordinator(&der), "{node}");
+            assert!(!is_coordinator(&der), "{node}");
         }
     }
 
