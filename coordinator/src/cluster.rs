@@ -21,6 +21,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::config::AccountingConfig;
 use crate::pipelines::Pipelines;
+use crate::policy::PolicyConfig;
 use crate::store::{Changes, ImageRecord, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,8 @@ impl From<StoreError> for ApplyError {
 struct Inner {
     core: Core,
     pipelines: Pipelines,
+    /// The job policy: what admits a job submitted alone and each pipeline step.
+    policy: Arc<PolicyConfig>,
 }
 
 /// Changes staged by calls, in the order the core made them, not yet written.
@@ -169,7 +172,11 @@ impl Cluster {
             })
             .collect();
         Ok(Self {
-            inner: Mutex::new(Inner { core, pipelines }),
+            inner: Mutex::new(Inner {
+                core,
+                pipelines,
+                policy: Arc::default(),
+            }),
             store: Mutex::new(store),
             queue: Mutex::new(Queue::default()),
             settled: Mutex::new(Settled::default()),
@@ -209,11 +216,14 @@ impl Cluster {
         self.metrics.observe_decision(took.as_secs_f64());
     }
 
-    /// Admits each pipeline step by `policy` from now on, as `POST /v1/jobs` admits a job.
-    pub fn set_job_policy(&self, policy: crate::policy::PolicyConfig) {
-        lock(&self.inner)
-            .pipelines
-            .set_policy(std::sync::Arc::new(policy));
+    /// Admits every job submitted and each pipeline step launched by `policy` from now on.
+    pub fn set_job_policy(&self, policy: PolicyConfig) {
+        lock(&self.inner).policy = Arc::new(policy);
+    }
+
+    /// The job policy jobs and pipeline steps are admitted by ([`PolicyConfig::admit`]).
+    pub fn job_policy(&self) -> Arc<PolicyConfig> {
+        lock(&self.inner).policy.clone()
     }
 
     /// Queues the image IDs of job attempts that `node`'s heartbeat reports for the first
@@ -347,7 +357,7 @@ impl Cluster {
         }
         let inner = &mut *guard;
         let result = f(&mut inner.core, &mut inner.pipelines, now);
-        inner.pipelines.drive(&mut inner.core, now);
+        inner.pipelines.drive(&mut inner.core, &inner.policy, now);
         let effects = inner.core.poll_effects();
         let pipeline_changes = inner.pipelines.take_changes();
         let mut moved = Vec::new();
@@ -577,10 +587,7 @@ impl Cluster {
             Ok((snapshot, pipelines)) => {
                 inner.core = Core::restore(self.config.clone(), snapshot, now_ms());
                 match Pipelines::restore(pipelines) {
-                    Ok(mut p) => {
-                        p.set_policy(inner.pipelines.policy());
-                        inner.pipelines = p;
-                    }
+                    Ok(p) => inner.pipelines = p,
                     Err(reason) if log => {
                         tracing::error!(%reason, "pipelines cannot be rebuilt from the store")
                     }

@@ -8,7 +8,6 @@
 //! its changes are written in the same transaction as the jobs it submits.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use nightshift_common::{
     Capture, CaptureFile, CheckpointPolicy, EnvVar, ImagePin, JobFile, JobSpec, JobState, JobView,
@@ -19,7 +18,7 @@ use nightshift_core::{Core, CoreError};
 use nightshift_pipeline::run::NodeId;
 use nightshift_pipeline::{Action, Input, Outcome, Run, StepResult, StepSpec};
 
-use crate::policy::PolicyConfig;
+use crate::policy::{PolicyConfig, Submitter};
 
 /// What changed in the pipelines, to be written with the core's changes.
 #[derive(Debug, Default)]
@@ -57,8 +56,6 @@ struct Active {
 pub struct Pipelines {
     runs: BTreeMap<u64, Active>,
     pending: PipelineChanges,
-    /// The job policy each step is admitted by, as a job submitted alone would be.
-    policy: Arc<PolicyConfig>,
 }
 
 impl Pipelines {
@@ -99,39 +96,27 @@ impl Pipelines {
         Ok(Self {
             runs,
             pending: PipelineChanges::default(),
-            policy: Arc::default(),
         })
-    }
-
-    /// Admits every step launched from now on by `policy`: a step it refuses fails with the
-    /// rule, as a job submitted alone would be refused.
-    pub fn set_policy(&mut self, policy: Arc<PolicyConfig>) {
-        self.policy = policy;
-    }
-
-    pub fn policy(&self) -> Arc<PolicyConfig> {
-        self.policy.clone()
     }
 
     pub fn take_changes(&mut self) -> PipelineChanges {
         std::mem::take(&mut self.pending)
     }
 
-    /// Starts a run of the workflow `text`; its first steps are submitted at once.
+    /// Starts a run of the workflow `text`; its first steps are submitted by the next
+    /// [`Pipelines::drive`], which `Cluster::apply_with_pipelines` runs in the same call.
     pub fn submit(
         &mut self,
-        core: &mut Core,
         now: UnixMillis,
         file: &str,
         text: &str,
         parameters: BTreeMap<String, String>,
     ) -> Result<u64, CoreError> {
-        self.start(core, now, file, text, parameters, BTreeMap::new())
+        self.start(now, file, text, parameters, BTreeMap::new())
     }
 
     fn start(
         &mut self,
-        core: &mut Core,
         now: UnixMillis,
         file: &str,
         text: &str,
@@ -163,7 +148,6 @@ impl Pipelines {
                 jobs: BTreeMap::new(),
             },
         );
-        self.drive(core, now);
         Ok(id)
     }
 
@@ -173,7 +157,7 @@ impl Pipelines {
     /// each job that reported one; see [`Pipelines::jobs_of`]).
     pub fn rerun(
         &mut self,
-        core: &mut Core,
+        core: &Core,
         now: UnixMillis,
         id: u64,
         images: &BTreeMap<u64, String>,
@@ -208,14 +192,7 @@ impl Pipelines {
                 },
             );
         }
-        Some(self.start(
-            core,
-            now,
-            &record.file,
-            &record.text,
-            record.parameters,
-            pins,
-        ))
+        Some(self.start(now, &record.file, &record.text, record.parameters, pins))
     }
 
     /// Every job of run `id`'s steps.
@@ -228,8 +205,10 @@ impl Pipelines {
         self.runs.contains_key(&id)
     }
 
-    /// Feeds every run the jobs that ended and the time, and acts on what it decides.
-    pub fn drive(&mut self, core: &mut Core, now: UnixMillis) {
+    /// Feeds every run the jobs that ended and the time, and acts on what it decides. Each
+    /// step is admitted by `policy` as a job submitted alone is ([`PolicyConfig::admit`]); a
+    /// step it refuses errors with the rule.
+    pub fn drive(&mut self, core: &mut Core, policy: &PolicyConfig, now: UnixMillis) {
         for (id, a) in &mut self.runs {
             if a.run.phase.is_finished() {
                 continue;
@@ -283,11 +262,12 @@ impl Pipelines {
                             if let Some(id) = pinned(&a.record.pins, &name, &spec.image) {
                                 job.image = id.to_owned();
                             }
-                            let submitted = self
-                                .policy
-                                .admit(&mut job, |owner| core.gpus_asked_by(owner))
+                            let submitted = policy
+                                .admit(Submitter::Anyone, job, |owner| core.gpus_asked_by(owner))
                                 .map_err(|e| e.to_string())
-                                .and_then(|()| core.submit(now, job).map_err(|e| e.to_string()));
+                                .and_then(|admitted| {
+                                    core.submit(now, admitted.spec).map_err(|e| e.to_string())
+                                });
                             match submitted {
                                 Ok(job) => {
                                     a.jobs.insert((node, retry), job);

@@ -72,6 +72,47 @@ pub struct PolicyError {
     pub message: String,
 }
 
+/// Who submits a job, as far as admission is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitter<'a> {
+    /// Submits as any owner, under every rule: the open API (no tokens yet), an operator's
+    /// token, a pipeline's step.
+    Anyone,
+    /// Submits only as this team: a researcher's token (`None`: a researcher of no team,
+    /// whose jobs have no owner).
+    Team(Option<&'a str>),
+    /// Submits as any owner and may be let past the sandbox's rules: an admin's token.
+    Admin,
+}
+
+/// A job that admission let in: its spec as it is to be queued (its owner and run-time
+/// limit filled in), and the sandbox rules an admin was let past.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    pub spec: JobSpec,
+    pub waived: Vec<PolicyError>,
+}
+
+/// Why admission refused a job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A researcher's job owned by another team than its token's.
+    #[error("submits only as its team: owner must be {team}, not {owner}")]
+    NotItsTeam { team: String, owner: String },
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+impl Refusal {
+    /// The job's field the refusal is about.
+    pub fn field(&self) -> &str {
+        match self {
+            Self::NotItsTeam { .. } => "owner",
+            Self::Policy(e) => &e.field,
+        }
+    }
+}
+
 /// Fields of a container spec that would escape the job's sandbox.
 const ESCAPES: &[(&str, &str)] = &[
     ("privileged", "privileged containers"),
@@ -166,15 +207,31 @@ impl PolicyConfig {
         )
     }
 
-    /// Admits a job by the rules that hold for everyone ([`Self::check`], then the run-time
-    /// limit, which it fills in when the job names none); `owner_gpus` tells the GPUs an
-    /// owner's unfinished jobs already ask for, and is asked only under a team limit. The
-    /// sandbox is checked apart ([`Self::check_sandbox`]): an admin may waive it.
+    /// Admits a job submitted by `who`: the one admission of every job, whether submitted
+    /// alone (`POST /v1/jobs`) or launched as a pipeline's step. In order: the submitter's
+    /// team ([`Submitter::Team`]: the job's owner is set to it, and refused when another),
+    /// the rules that hold for everyone (images, GPU limits; `owner_gpus` tells the GPUs an
+    /// owner's unfinished jobs already ask for, and is asked only under a team limit), the
+    /// run-time limit (filled in when the job names none), then the sandbox, which only an
+    /// admin may be let past: each rule waived is in [`Admitted::waived`], for the audit log.
+    /// A refused job is not queued; the rule refused first is returned.
     pub fn admit(
         &self,
-        spec: &mut JobSpec,
+        who: Submitter<'_>,
+        mut spec: JobSpec,
         owner_gpus: impl FnOnce(Option<&str>) -> u32,
-    ) -> Result<(), PolicyError> {
+    ) -> Result<Admitted, Refusal> {
+        if let Submitter::Team(team) = who {
+            match (&spec.owner, team) {
+                (Some(owner), Some(team)) if owner != team => {
+                    return Err(Refusal::NotItsTeam {
+                        team: team.to_owned(),
+                        owner: owner.clone(),
+                    });
+                }
+                _ => spec.owner = team.map(str::to_owned),
+            }
+        }
         let owner = spec.owner.as_deref();
         let owner_gpus = if self.gpu_limits(owner).1 > 0 {
             owner_gpus(owner)
@@ -183,7 +240,14 @@ impl PolicyConfig {
         };
         self.check(&spec.image, spec.gpus, owner, owner_gpus)?;
         spec.max_run_seconds = self.run_limit(owner, spec.max_run_seconds)?;
-        Ok(())
+        let mut broken = self.check_sandbox(&spec.sandbox);
+        if !broken.is_empty() && who != Submitter::Admin {
+            return Err(broken.swap_remove(0).into());
+        }
+        Ok(Admitted {
+            spec,
+            waived: broken,
+        })
     }
 
     /// The run-time limit a job of `owner` that asks for `asked` runs under.
@@ -441,10 +505,14 @@ mod tests {
             spec.max_run_seconds = asked;
             spec
         };
-        let admitted = |mut spec: JobSpec| {
+        let admitted = |spec: JobSpec| {
             policy
-                .admit(&mut spec, |_| 0)
-                .map(|()| spec.max_run_seconds)
+                .admit(Submitter::Anyone, spec, |_| 0)
+                .map(|a| a.spec.max_run_seconds)
+                .map_err(|e| match e {
+                    Refusal::Policy(e) => e,
+                    e => panic!("{e}"),
+                })
         };
         // A job that names no limit runs under the policy's; one that asks less keeps it.
         assert_eq!(admitted(job(None, None)), Ok(Some(3600)));
@@ -471,9 +539,9 @@ mod tests {
             Ok(Some(1 << 40))
         );
         // No policy, no limit.
-        let mut spec = job(None, None);
-        assert_eq!(PolicyConfig::default().admit(&mut spec, |_| 0), Ok(()));
-        assert_eq!(spec.max_run_seconds, None);
+        let spec = job(None, None);
+        let a = PolicyConfig::default().admit(Submitter::Anyone, spec.clone(), |_| 0);
+        assert_eq!(a.map(|a| a.spec), Ok(spec));
         // The other rules come first.
         let mut spec = job(None, None);
         spec.gpus = 9;
@@ -481,11 +549,73 @@ mod tests {
             max_gpus_per_job: 8,
             ..policy.clone()
         };
+        let e = strict.admit(Submitter::Anyone, spec, |_| 0).unwrap_err();
         assert_eq!(
-            strict.admit(&mut spec, |_| 0).unwrap_err().rule,
-            "policy.max_gpus_per_job"
+            (e.to_string().split(':').next(), e.field()),
+            (Some("policy.max_gpus_per_job"), "gpus")
         );
-        assert_eq!(spec.max_run_seconds, None, "a refused job is not changed");
+    }
+
+    #[test]
+    fn a_team_submits_as_itself_and_only_an_admin_passes_the_sandbox() {
+        let policy = PolicyConfig {
+            max_gpus_per_team: 4,
+            ..PolicyConfig::default()
+        };
+        let job = |owner: Option<&str>| {
+            let mut spec = JobSpec::new("j", "trainer:1", 2);
+            spec.owner = owner.map(str::to_owned);
+            spec
+        };
+        let asked = |owner: Option<&str>| if owner == Some("nlp") { 2 } else { 0 };
+        // A researcher's job is its team's: the owner filled in, or refused when another.
+        let a = policy
+            .admit(Submitter::Team(Some("nlp")), job(None), asked)
+            .unwrap();
+        assert_eq!(a.spec.owner.as_deref(), Some("nlp"));
+        let e = policy
+            .admit(Submitter::Team(Some("nlp")), job(Some("vision")), asked)
+            .unwrap_err();
+        assert_eq!(
+            (e.to_string().as_str(), e.field()),
+            (
+                "submits only as its team: owner must be nlp, not vision",
+                "owner"
+            )
+        );
+        let a = policy
+            .admit(Submitter::Team(None), job(Some("vision")), asked)
+            .unwrap();
+        assert_eq!(
+            a.spec.owner, None,
+            "a researcher of no team submits for no team"
+        );
+        // The team's GPUs are counted for the team the job was given.
+        let e = policy
+            .admit(
+                Submitter::Team(Some("nlp")),
+                JobSpec::new("j", "t:1", 3),
+                asked,
+            )
+            .unwrap_err();
+        assert_eq!(e.field(), "gpus");
+        // Anyone else submits as any owner.
+        let a = policy
+            .admit(Submitter::Anyone, job(Some("vision")), asked)
+            .unwrap();
+        assert_eq!(a.spec.owner.as_deref(), Some("vision"));
+
+        let mut privileged = job(None);
+        privileged.sandbox.privileged = true;
+        privileged.sandbox.host_pid = true;
+        let e = policy
+            .admit(Submitter::Anyone, privileged.clone(), asked)
+            .unwrap_err();
+        assert_eq!(e.field(), "sandbox.privileged");
+        let a = policy.admit(Submitter::Admin, privileged, asked).unwrap();
+        let waived: Vec<&str> = a.waived.iter().map(|e| e.rule).collect();
+        assert_eq!(waived, ["policy.allow_privileged", "policy.allow_host_pid"]);
+        assert!(a.spec.sandbox.privileged);
     }
 
     fn toml_from(text: &str) -> PolicyConfig {

@@ -3,8 +3,10 @@
 //! Once the coordinator has any token (`nightshift-coordinator token create`), every API
 //! call needs one (401 without, or with an unknown one). Until then the API is open, as in
 //! tests and the demo, and the coordinator warns at start. Reading is open to every role;
-//! a researcher submits only as its team (the job's `owner`) and cancels only its team's
-//! jobs (403); gateway signals are for operators and admins. Every call that changes
+//! a researcher submits jobs (as its team: the submit handler's admission sees to that,
+//! [`crate::policy::Submitter`]) and cancels only its team's jobs (403); everything else
+//! that changes something is for operators and admins. The request is passed on as it came:
+//! this layer only authenticates and authorises, and never reads a body. Every call that changes
 //! something is written to the audit log (target `nightshift::audit`), by token name and
 //! role, never by token. Each token is held to a rate limit ([`RateLimiter`], 429 beyond),
 //! and so is each client address's failed authentications: past
@@ -18,14 +20,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use nightshift_common::JobSpec;
 
-use super::{HttpError, MAX_BODY};
+use super::HttpError;
 use crate::auth::{Principal, Role, Tokens};
 use crate::cluster::Cluster;
 use crate::ratelimit::RateLimiter;
@@ -61,14 +61,18 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-fn forbidden(p: &Principal, what: impl Into<String>, field: Option<&str>) -> Response {
-    let who = match &p.team {
+/// How refusals name the caller: `alice (role researcher, team nlp)`.
+pub(super) fn who(p: &Principal) -> String {
+    match &p.team {
         Some(team) => format!("{} (role {}, team {team})", p.name, p.role.as_str()),
         None => format!("{} (role {})", p.name, p.role.as_str()),
-    };
+    }
+}
+
+fn forbidden(p: &Principal, what: impl Into<String>, field: Option<&str>) -> Response {
     HttpError::new(
         StatusCode::FORBIDDEN,
-        format!("{who} {}", what.into()),
+        format!("{} {}", who(p), what.into()),
         field,
     )
     .into_response()
@@ -121,7 +125,7 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
         )
         .into_response();
     }
-    // Later layers (job policy: an admin may waive it) see who is calling.
+    // The handlers see who is calling (admission: a researcher's team, an admin's waiver).
     let mut req = req;
     req.extensions_mut().insert(principal.clone());
     let method = req.method().clone();
@@ -130,12 +134,8 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
     }
     let path = req.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let req = match (principal.role, segments.as_slice()) {
-        (Role::Admin | Role::Operator, _) => req,
-        (Role::Researcher, ["v1", "jobs"]) => match as_team(&principal, req).await {
-            Ok(req) => req,
-            Err(refusal) => return refusal,
-        },
+    match (principal.role, segments.as_slice()) {
+        (Role::Admin | Role::Operator, _) | (Role::Researcher, ["v1", "jobs"]) => {}
         (Role::Researcher, ["v1", "jobs", id, "cancel"]) => {
             let owner = id
                 .parse::<u64>()
@@ -144,8 +144,8 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
                 .map(|job| job.spec.owner);
             match owner {
                 // An unknown job: the handler answers 404.
-                None => req,
-                Some(owner) if owner.is_some() && owner == principal.team => req,
+                None => {}
+                Some(owner) if owner.is_some() && owner == principal.team => {}
                 Some(owner) => {
                     return forbidden(
                         &principal,
@@ -161,7 +161,7 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
         (Role::Researcher, _) => {
             return forbidden(&principal, format!("may not {method} {path}"), None);
         }
-    };
+    }
     tracing::info!(
         target: "nightshift::audit",
         token_id = principal.token_id,
@@ -173,32 +173,4 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
         "api call"
     );
     next.run(req).await
-}
-
-/// A researcher's submission: the job's owner is its team (set when absent, refused when
-/// another). A body that is not a job goes on unchanged, for the handler to refuse.
-async fn as_team(p: &Principal, req: Request) -> Result<Request, Response> {
-    let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|e| HttpError::bad_request(format!("unreadable body: {e}")).into_response())?;
-    let Ok(mut spec) = serde_json::from_slice::<JobSpec>(&bytes) else {
-        return Ok(Request::from_parts(parts, Body::from(bytes)));
-    };
-    match (&spec.owner, &p.team) {
-        (Some(owner), Some(team)) if owner != team => {
-            return Err(forbidden(
-                p,
-                format!("submits only as its team: owner must be {team}, not {owner}"),
-                Some("owner"),
-            ));
-        }
-        _ => spec.owner = p.team.clone(),
-    }
-    let bytes = serde_json::to_vec(&spec).map_err(|e| {
-        HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None).into_response()
-    })?;
-    let mut parts = parts;
-    parts.headers.remove(header::CONTENT_LENGTH);
-    Ok(Request::from_parts(parts, Body::from(bytes)))
 }

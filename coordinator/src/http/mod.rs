@@ -8,7 +8,6 @@ mod jobs;
 mod logs;
 mod nodes;
 mod pipelines;
-mod policy;
 mod report;
 mod services;
 
@@ -27,18 +26,21 @@ use crate::cluster::{ApplyError, Cluster};
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY: usize = 1 << 20;
 
-/// The API without access control (tests, the demo).
+/// The API without access control (tests, the demo); jobs are admitted by the cluster's
+/// job policy ([`Cluster::set_job_policy`]).
 pub fn router(cluster: Arc<Cluster>) -> Router {
-    build(cluster, None, crate::policy::PolicyConfig::default())
+    build(cluster, None)
 }
 
-/// The API with API tokens and roles ([`access`]).
+/// The API with API tokens and roles ([`access`]), admitting jobs and pipeline steps by
+/// `policy`.
 pub fn app(
     cluster: Arc<Cluster>,
     access: access::AccessState,
     policy: crate::policy::PolicyConfig,
 ) -> Router {
-    build(cluster, Some(access), policy)
+    cluster.set_job_policy(policy);
+    build(cluster, Some(access))
 }
 
 /// The access control of the coordinator configured by `cfg`: the tokens of its data
@@ -55,11 +57,7 @@ pub fn access_for(
     })
 }
 
-fn build(
-    cluster: Arc<Cluster>,
-    access: Option<access::AccessState>,
-    policy: crate::policy::PolicyConfig,
-) -> Router {
+fn build(cluster: Arc<Cluster>, access: Option<access::AccessState>) -> Router {
     let mut api = Router::new()
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::show))
@@ -76,15 +74,7 @@ fn build(
         .route("/v1/services/{name}/endpoints", get(services::list))
         .route("/v1/services/{name}/http_sd", get(services::http_sd))
         .route("/metrics", get(metrics))
-        .route("/v1/services/{name}/gateway", post(nodes::gateway))
-        // Policy runs after access control, which fixes a researcher's job owner.
-        .route_layer(axum::middleware::from_fn_with_state(
-            policy::PolicyState {
-                policy: Arc::new(policy),
-                cluster: cluster.clone(),
-            },
-            policy::check,
-        ));
+        .route("/v1/services/{name}/gateway", post(nodes::gateway));
     if let Some(access) = access {
         api = api.route_layer(axum::middleware::from_fn_with_state(access, access::check));
     }
@@ -98,7 +88,7 @@ fn build(
 }
 
 /// The one body limit: a body longer than [`MAX_BODY`] is refused (413) before access
-/// control, policy or a handler sees it, at once when its length is declared, else once that
+/// control or a handler sees it, at once when its length is declared, else once that
 /// much has arrived. What is passed on is whole, so nothing after this fails to read it.
 async fn body_limit(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let too_large = || {

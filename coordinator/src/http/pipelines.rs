@@ -12,14 +12,15 @@ use super::{HttpError, parse};
 use crate::cluster::Cluster;
 
 /// A workflow that does not lint, or unknown parameters, are refused (422) and nothing is
-/// queued.
+/// queued. Its steps are admitted as they launch, by the job policy that admits a job
+/// submitted alone ([`crate::policy::PolicyConfig::admit`]): a step refused errors.
 pub async fn submit(
     State(cluster): State<Arc<Cluster>>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<PipelineRunView>), HttpError> {
     let req: PipelineSubmit = parse("pipeline", &body)?;
-    let view = cluster.apply_with_pipelines(|core, pipelines, now| {
-        let id = pipelines.submit(core, now, &req.file, &req.text, req.parameters.clone())?;
+    let view = cluster.apply_with_pipelines(|_, pipelines, now| {
+        let id = pipelines.submit(now, &req.file, &req.text, req.parameters.clone())?;
         Ok(id)
     })?;
     let view = cluster
