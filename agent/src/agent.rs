@@ -217,7 +217,7 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
         // The coordinator renews this node's leases when it receives the heartbeat, after
         // it was sent: counting the fail-safe's silence from the sending keeps the agent's
         // deadline at or before the coordinator's expiry.
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         match uplink.heartbeat(&beat).await {
             Ok(desired) => {
                 shared.contact_since(sent);

@@ -4,7 +4,9 @@
 //! `replica.reclaim = "sleep"` the container is put to sleep instead of stopped (see
 //! `sleep.rs`), and stopped after all when sleeping frees too little memory.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use nightshift_common::{ReplicaState, SequenceKind};
 

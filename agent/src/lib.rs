@@ -8,6 +8,8 @@ pub mod api;
 pub mod config;
 pub mod drain;
 pub mod engine;
+#[cfg(any(test, feature = "fakes"))]
+pub mod fake;
 pub mod failsafe;
 pub mod gpus;
 pub mod host;

@@ -2,7 +2,9 @@
 //! stopped (see `Reconciler::stop_unleased`); confirm the GPUs are free, start vLLM, wait
 //! for `/health`, and mark the replica ready.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use nightshift_common::{ReplicaState, SequenceKind};
 

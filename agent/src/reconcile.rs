@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use nightshift_common::labels;
 use nightshift_common::{JobRun, JobRunState, LeaseGrant, ReplicaState};
@@ -569,3 +571,6 @@ fn gpus_of(c: &Container) -> Vec<u32> {
         .map(|g| g.split(',').filter_map(|s| s.parse().ok()).collect())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,7 +6,9 @@
 //! Each step is a recorded phase: `sleep_replica` and `confirm_free` on lend (plus
 //! `sleep_insufficient` when falling back), `confirm_free` and `wake_replica` on reclaim.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use nightshift_common::{ReplicaState, SequenceKind};
 

@@ -5,10 +5,11 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use nightshift_common::{DesiredNode, JobRun, PhaseRecord, ReplicaState, SequenceKind, UnixMillis};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::telemetry::Telemetry;
 

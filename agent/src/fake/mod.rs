@@ -1,0 +1,357 @@
+//! Stateful fakes of the agent's ports, for tests without Docker, NVML or vLLM.
+//!
+//! One [`FakeNode`] is a small in-memory host: containers that start, run, exit on their own
+//! with a code, take their stop signal (or ignore it until the grace kills them); a vLLM in
+//! the replica container that becomes healthy after a while, drains its requests slowly,
+//! sleeps and wakes; and GPUs whose memory is held by the containers on them and frees only
+//! some time after a container ends. Its three handles implement [`Engine`], [`Gpus`] and
+//! [`ServingMetrics`] over that one world, so that what the agent does to one port shows in
+//! the others, as on a real host. Time is tokio's: under `tokio::time::pause()` a test runs
+//! a minute-long drain in microseconds. The host's own facts are [`crate::host::FixedHost`].
+//!
+//! Failures are injected by the test: an image that is missing or refused, a vLLM whose sleep
+//! frees too little memory or fails, a container that ignores its signal.
+
+mod engine;
+mod gpus;
+mod vllm;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use nightshift_common::labels;
+use tokio::time::Instant;
+
+use crate::engine::{Container, ContainerState, GpuAccess};
+use crate::gpus::fake::FakeGpus;
+
+pub use engine::{EngineCall, FakeEngine};
+pub use gpus::FakeHostGpus;
+pub use vllm::{FakeVllm, VllmCall};
+
+const GIB: u64 = 1 << 30;
+
+/// How the containers of one image behave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Behaviour {
+    /// Exits on its own this long after it starts, with this code; runs until stopped when
+    /// `None`.
+    pub exits_after: Option<(Duration, i64)>,
+    /// Ignores its stop signal: only the kill at the end of the grace period ends it.
+    pub ignores_signal: bool,
+    /// How long it takes to exit after its stop signal (saving a checkpoint, say).
+    pub exits_on_signal_after: Duration,
+    /// Its exit code after the stop signal.
+    pub signal_exit_code: i64,
+    /// What it writes to standard output.
+    pub stdout: String,
+    /// Files it leaves in its file system (absolute path, content), beside its spec's.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// GPU memory it holds on each of its GPUs while it runs.
+    pub memory_bytes: u64,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Self {
+            exits_after: None,
+            ignores_signal: false,
+            exits_on_signal_after: Duration::from_millis(100),
+            signal_exit_code: 143,
+            stdout: String::new(),
+            files: Vec::new(),
+            memory_bytes: 10 * GIB,
+        }
+    }
+}
+
+/// How the vLLM in the replica container behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VllmBehaviour {
+    /// `/health` answers 200 this long after the container starts (the model loads).
+    pub healthy_after: Duration,
+    /// GPU memory held on each GPU while awake.
+    pub awake_bytes: u64,
+    /// GPU memory still held on each GPU while asleep (its CUDA context), or more when
+    /// sleeping frees too little.
+    pub asleep_bytes: u64,
+    /// `/sleep` fails.
+    pub sleep_fails: bool,
+    /// `/is_sleeping` answers (vLLM's dev mode).
+    pub dev_mode: bool,
+}
+
+impl Default for VllmBehaviour {
+    fn default() -> Self {
+        Self {
+            healthy_after: Duration::from_secs(5),
+            awake_bytes: 70 * GIB,
+            asleep_bytes: 1_300_000_000,
+            sleep_fails: false,
+            dev_mode: true,
+        }
+    }
+}
+
+/// Requests in flight on the replica: `total` at `since`, one finishing every `every`, at
+/// most `max_running` of them running at once (the rest wait).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Load {
+    total: u64,
+    max_running: u64,
+    every: Duration,
+    since: Instant,
+}
+
+impl Load {
+    fn left(&self, now: Instant) -> u64 {
+        if self.every.is_zero() {
+            return 0;
+        }
+        let done =
+            (now.saturating_duration_since(self.since).as_nanos() / self.every.as_nanos()) as u64;
+        self.total.saturating_sub(done)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FakeContainer {
+    container: Container,
+    gpus: Vec<u32>,
+    behaviour: Behaviour,
+    started_at: Instant,
+    /// When it ends on its own or after a signal, and with what code.
+    ends: Option<(Instant, i64)>,
+    /// When it ended.
+    ended_at: Option<Instant>,
+    /// The files in its file system.
+    files: BTreeMap<String, Vec<u8>>,
+    /// vLLM asleep (the replica only).
+    asleep: bool,
+}
+
+impl FakeContainer {
+    fn is_replica(&self) -> bool {
+        self.container.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_REPLICA)
+    }
+
+    /// Moves it to `Exited` once its end has come.
+    fn settle(&mut self, now: Instant) {
+        if let (ContainerState::Running, Some((at, code))) = (self.container.state, self.ends)
+            && now >= at
+        {
+            self.container.state = ContainerState::Exited { exit_code: code };
+            self.ended_at = Some(at);
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.container.state == ContainerState::Running
+    }
+
+    /// The GPU memory it holds on each of its GPUs at `now`: all of it while it runs, and
+    /// still for `frees_after` once it ended.
+    fn memory(&self, now: Instant, frees_after: Duration, vllm: &VllmBehaviour) -> u64 {
+        let held = match self.container.state {
+            ContainerState::Running => true,
+            ContainerState::Exited { .. } => self.ended_at.is_some_and(|e| now < e + frees_after),
+            _ => false,
+        };
+        match (held, self.is_replica()) {
+            (false, _) => 0,
+            (true, false) => self.behaviour.memory_bytes,
+            (true, true) if self.asleep => vllm.asleep_bytes,
+            (true, true) => vllm.awake_bytes,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct World {
+    next_id: u64,
+    containers: BTreeMap<String, FakeContainer>,
+    /// Memory still held by removed containers: GPUs, bytes, until when.
+    ghosts: Vec<(Vec<u32>, u64, Instant)>,
+    missing_images: BTreeSet<String>,
+    refused_images: BTreeMap<String, String>,
+    behaviours: BTreeMap<String, Behaviour>,
+    /// How long the driver takes to show a GPU's memory free after its container ended.
+    frees_after: Duration,
+    vllm: VllmBehaviour,
+    load: Option<Load>,
+    engine_calls: Vec<EngineCall>,
+    vllm_calls: Vec<VllmCall>,
+}
+
+impl World {
+    fn settle(&mut self) {
+        let now = Instant::now();
+        for c in self.containers.values_mut() {
+            c.settle(now);
+        }
+        self.ghosts.retain(|(_, _, until)| now < *until);
+    }
+
+    /// The running replica container.
+    fn replica(&mut self) -> Option<&mut FakeContainer> {
+        self.settle();
+        self.containers
+            .values_mut()
+            .find(|c| c.is_replica() && c.running())
+    }
+
+    fn memory_used(&self, gpu: u32) -> u64 {
+        let now = Instant::now();
+        let held: u64 = self
+            .containers
+            .values()
+            .filter(|c| c.gpus.contains(&gpu))
+            .map(|c| c.memory(now, self.frees_after, &self.vllm))
+            .sum();
+        let ghosts: u64 = self
+            .ghosts
+            .iter()
+            .filter(|(gpus, _, until)| gpus.contains(&gpu) && now < *until)
+            .map(|(_, bytes, _)| bytes)
+            .sum();
+        held + ghosts
+    }
+}
+
+/// A fake host: one world seen through the engine, GPU and vLLM ports.
+#[derive(Clone)]
+pub struct FakeNode {
+    world: Arc<Mutex<World>>,
+    pub engine: Arc<FakeEngine>,
+    pub vllm: Arc<FakeVllm>,
+    pub gpus: Arc<FakeHostGpus>,
+}
+
+impl FakeNode {
+    /// A host named `node` with `gpus` idle GPUs, no container, a driver that shows memory
+    /// free 2 s after a container ends, and a vLLM of [`VllmBehaviour::default`].
+    pub fn new(node: &str, gpus: u32) -> Self {
+        let world = Arc::new(Mutex::new(World {
+            next_id: 1,
+            containers: BTreeMap::new(),
+            ghosts: Vec::new(),
+            missing_images: BTreeSet::new(),
+            refused_images: BTreeMap::new(),
+            behaviours: BTreeMap::new(),
+            frees_after: Duration::from_secs(2),
+            vllm: VllmBehaviour::default(),
+            load: None,
+            engine_calls: Vec::new(),
+            vllm_calls: Vec::new(),
+        }));
+        Self {
+            engine: Arc::new(FakeEngine::new(world.clone())),
+            vllm: Arc::new(FakeVllm::new(world.clone())),
+            gpus: Arc::new(FakeHostGpus::new(world.clone(), FakeGpus::new(node, gpus))),
+            world,
+        }
+    }
+
+    fn world(&self) -> MutexGuard<'_, World> {
+        lock(&self.world)
+    }
+
+    /// Containers of `image` behave so from now on.
+    pub fn behave(&self, image: &str, behaviour: Behaviour) {
+        self.world().behaviours.insert(image.to_owned(), behaviour);
+    }
+
+    /// Running `image` fails: it is not on the host.
+    pub fn image_missing(&self, image: &str) {
+        self.world().missing_images.insert(image.to_owned());
+    }
+
+    /// Running `image` fails: the engine refuses it, saying `reason`.
+    pub fn refuse_image(&self, image: &str, reason: &str) {
+        self.world()
+            .refused_images
+            .insert(image.to_owned(), reason.to_owned());
+    }
+
+    /// The driver shows a GPU's memory free this long after its container ended.
+    pub fn set_memory_frees_after(&self, after: Duration) {
+        self.world().frees_after = after;
+    }
+
+    /// The vLLM in the replica container behaves so from now on.
+    pub fn set_vllm(&self, vllm: VllmBehaviour) {
+        self.world().vllm = vllm;
+    }
+
+    /// `total` requests in flight from now on, one finishing every `every`, at most
+    /// `max_running` running at once and the rest waiting.
+    pub fn set_load(&self, total: u64, max_running: u64, every: Duration) {
+        self.world().load = Some(Load {
+            total,
+            max_running,
+            every,
+            since: Instant::now(),
+        });
+    }
+
+    /// Every container, as the engine lists it, oldest first.
+    pub fn containers(&self) -> Vec<Container> {
+        let mut w = self.world();
+        w.settle();
+        w.containers.values().map(|c| c.container.clone()).collect()
+    }
+
+    /// The containers whose role label is `role`.
+    pub fn containers_of(&self, role: &str) -> Vec<Container> {
+        self.containers()
+            .into_iter()
+            .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(role))
+            .collect()
+    }
+
+    /// Writes `content` at `path` in container `id`'s file system.
+    pub fn write_file(&self, id: &str, path: &str, content: &[u8]) {
+        if let Some(c) = self.world().containers.get_mut(id) {
+            c.files.insert(path.to_owned(), content.to_vec());
+        }
+    }
+
+    /// Whether the replica's vLLM sleeps.
+    pub fn replica_asleep(&self) -> Option<bool> {
+        self.world().replica().map(|c| c.asleep)
+    }
+
+    /// The memory in use on GPU `index` now.
+    pub fn memory_used(&self, index: u32) -> u64 {
+        let mut w = self.world();
+        w.settle();
+        w.memory_used(index)
+    }
+
+    /// Calls made through the engine port, oldest first.
+    pub fn engine_calls(&self) -> Vec<EngineCall> {
+        self.world().engine_calls.clone()
+    }
+
+    /// Calls made through the vLLM port that change it (sleep, wake up), oldest first.
+    pub fn vllm_calls(&self) -> Vec<VllmCall> {
+        self.world().vllm_calls.clone()
+    }
+}
+
+fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
+    world.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The host GPU indices a container is given.
+fn gpu_indices(access: &GpuAccess) -> Vec<u32> {
+    match access {
+        GpuAccess::None => Vec::new(),
+        GpuAccess::VisibleDevicesEnv { indices } => indices.clone(),
+        GpuAccess::DeviceRequest { device_ids } => device_ids
+            .iter()
+            .filter_map(|d| d.rsplit('-').next()?.parse().ok())
+            .collect(),
+    }
+}

@@ -1,0 +1,614 @@
+//! The agent's sequences on the fakes (`crate::fake`): drain, reclaim, the sleep path and its
+//! fall-back to stop, the fail-safe, adoption after a restart, a desired state that changes
+//! mid-drain, a job that ignores its signal, a stale lease and start failures. Time is
+//! tokio's, paused: each test runs minutes of host time in milliseconds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nightshift_common::{
+    Capture, CheckpointPolicy, DesiredNode, HostFacts, JobRunState, JobSpec, LeaseGrant,
+    ReplicaState, STDOUT_OUTPUT, SequenceKind, labels,
+};
+use tokio::time::Instant;
+
+use super::Reconciler;
+use crate::config::{AgentConfig, ReclaimMode};
+use crate::engine::ContainerState;
+use crate::fake::{
+    Behaviour, EngineCall, FakeEngine, FakeHostGpus, FakeNode, FakeVllm, VllmBehaviour,
+};
+use crate::host::FixedHost;
+use crate::state::Shared;
+
+const GIB: u64 = 1 << 30;
+const NODE: &str = "n1";
+const TRAINER: &str = "trainer:1";
+
+type FakeReconciler = Reconciler<FakeEngine, FakeHostGpus, FakeVllm>;
+
+/// A fake host, the agent's shared state and a reconciler over them.
+struct Rig {
+    node: FakeNode,
+    shared: Arc<Shared>,
+    host: Arc<FixedHost>,
+    cfg: Arc<AgentConfig>,
+    r: FakeReconciler,
+    _dir: tempfile::TempDir,
+}
+
+fn config(dir: &std::path::Path) -> AgentConfig {
+    let mut cfg = AgentConfig {
+        node: NODE.into(),
+        work_dir: dir.to_path_buf(),
+        readiness_grace_s: 1.0,
+        drain_timeout_s: 30.0,
+        free_timeout_s: 10.0,
+        health_timeout_s: 60.0,
+        ..AgentConfig::default()
+    };
+    cfg.replica.image = "vllm:fake".into();
+    cfg.replica.host_ip = "127.0.0.1".into();
+    cfg.replica.host_port = 0;
+    cfg.replica.shutdown_timeout_s = 5.0;
+    cfg.replica.sleep_free_timeout_s = 3.0;
+    cfg
+}
+
+fn rig(tweak: impl FnOnce(&mut AgentConfig)) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    tweak(&mut cfg);
+    let node = FakeNode::new(NODE, 4);
+    let host = Arc::new(FixedHost::new(HostFacts {
+        checkpoint_volume_free_bytes: Some(100 * GIB),
+        ..HostFacts::default()
+    }));
+    let (shared, cfg) = (Arc::new(Shared::new(NODE)), Arc::new(cfg));
+    let r = reconciler(&node, &shared, &cfg, &host);
+    Rig {
+        node,
+        shared,
+        host,
+        cfg,
+        r,
+        _dir: dir,
+    }
+}
+
+fn reconciler(
+    node: &FakeNode,
+    shared: &Arc<Shared>,
+    cfg: &Arc<AgentConfig>,
+    host: &Arc<FixedHost>,
+) -> FakeReconciler {
+    Reconciler::new(
+        cfg.clone(),
+        node.engine.clone(),
+        node.gpus.clone(),
+        node.vllm.clone(),
+        shared.clone(),
+    )
+    .with_host(host.clone())
+}
+
+impl Rig {
+    /// Offers `desired` as the coordinator's answer to a heartbeat just sent, and runs a pass.
+    async fn tell(&mut self, desired: DesiredNode) {
+        self.shared.offer_desired(desired);
+        self.shared.contact();
+        self.r.pass().await.expect("pass");
+    }
+
+    fn phases(&self, sequence: SequenceKind) -> Vec<String> {
+        self.shared
+            .phases()
+            .into_iter()
+            .filter(|p| p.sequence == sequence)
+            .map(|p| p.phase)
+            .collect()
+    }
+
+    fn phase_ms(&self, sequence: SequenceKind, phase: &str) -> u64 {
+        self.shared
+            .phases()
+            .into_iter()
+            .rfind(|p| p.sequence == sequence && p.phase == phase)
+            .unwrap_or_else(|| panic!("no phase {phase}"))
+            .duration_ms
+    }
+
+    fn jobs(&self) -> Vec<crate::engine::Container> {
+        self.node.containers_of(labels::ROLE_JOB)
+    }
+
+    fn replicas(&self) -> Vec<crate::engine::Container> {
+        self.node.containers_of(labels::ROLE_REPLICA)
+    }
+
+    fn run_state(&self, lease_id: u64) -> Option<JobRunState> {
+        self.shared
+            .observed()
+            .runs
+            .into_iter()
+            .find(|r| r.lease_id == lease_id)
+            .map(|r| r.state)
+    }
+
+    /// Serves: the replica started and healthy.
+    async fn serving(&mut self) {
+        self.tell(serve(1)).await;
+        assert_eq!(self.shared.observed().replica, ReplicaState::Serving);
+        assert!(self.shared.ready());
+    }
+}
+
+fn desired(version: u64, serve: bool, leases: Vec<LeaseGrant>) -> DesiredNode {
+    DesiredNode {
+        version,
+        serve,
+        leases,
+        lease_ttl_ms: 600_000,
+    }
+}
+
+fn serve(version: u64) -> DesiredNode {
+    desired(version, true, Vec::new())
+}
+
+fn lend(version: u64, leases: Vec<LeaseGrant>) -> DesiredNode {
+    desired(version, false, leases)
+}
+
+fn lease(lease_id: u64, epoch: u64, job_id: u64, gpus: Vec<u32>) -> LeaseGrant {
+    LeaseGrant {
+        lease_id,
+        epoch,
+        job_id,
+        attempt: 1,
+        job: JobSpec {
+            checkpoint: CheckpointPolicy {
+                signal: "SIGTERM".into(),
+                grace_period_seconds: 7,
+            },
+            ..JobSpec::new(format!("job-{job_id}"), TRAINER, gpus.len() as u32)
+        },
+        gpus,
+        rendezvous: None,
+    }
+}
+
+fn running(c: &crate::engine::Container) -> bool {
+    c.state == ContainerState::Running
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_stops_the_replica_after_its_requests_and_starts_the_job_on_free_gpus() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    let replica = rig.replicas()[0].id.clone();
+    // Six requests, four at a time, one finishing every 500 ms: 3 s of work.
+    rig.node.set_load(6, 4, Duration::from_millis(500));
+
+    let t = Instant::now();
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1])])).await;
+    assert_eq!(
+        rig.phases(SequenceKind::Drain),
+        [
+            "mark_not_ready",
+            "wait_in_flight",
+            "stop_replica",
+            "confirm_free",
+            "start_jobs"
+        ]
+    );
+    assert!(!rig.shared.ready());
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(rig.shared.observed().replica_url, None);
+    // Not-ready for the readiness grace, then the requests finish, then the memory frees.
+    assert!(rig.phase_ms(SequenceKind::Drain, "mark_not_ready") >= 1_000);
+    assert!(rig.phase_ms(SequenceKind::Drain, "wait_in_flight") >= 1_900);
+    assert!(rig.phase_ms(SequenceKind::Drain, "confirm_free") >= 1_900);
+    assert!(t.elapsed() >= Duration::from_secs(5));
+    let replicas = rig.replicas();
+    assert_eq!(replicas[0].id, replica);
+    assert!(matches!(replicas[0].state, ContainerState::Exited { .. }));
+    let jobs = rig.jobs();
+    assert_eq!(jobs.len(), 1);
+    assert!(running(&jobs[0]));
+    assert_eq!(jobs[0].labels[labels::GPUS], "0,1");
+    assert_eq!(rig.run_state(1), Some(JobRunState::Running));
+    // The job started only once the replica's memory was gone.
+    assert_eq!(
+        (rig.node.memory_used(0), rig.node.memory_used(3)),
+        (10 * GIB, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn reclaim_stops_the_jobs_and_serves_again() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1, 2, 3])]))
+        .await;
+    let job = rig.jobs()[0].id.clone();
+
+    rig.tell(serve(3)).await;
+    assert_eq!(
+        rig.phases(SequenceKind::Reclaim),
+        [
+            "confirm_free",
+            "start_replica",
+            "wait_health",
+            "stop_jobs",
+            "confirm_free",
+            "start_replica",
+            "wait_health"
+        ]
+    );
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert!(rig.shared.ready());
+    assert!(rig.node.engine_calls().contains(&EngineCall::Stop {
+        id: job.clone(),
+        grace: Duration::from_secs(7)
+    }));
+    // The job took its signal and exited; its lease is no longer listed, so it is removed.
+    assert!(rig.jobs().is_empty(), "{:?}", rig.jobs());
+    assert!(
+        rig.node
+            .engine_calls()
+            .contains(&EngineCall::Remove { id: job })
+    );
+    let replicas: Vec<_> = rig.replicas().into_iter().filter(running).collect();
+    assert_eq!(replicas.len(), 1);
+    // Its output was kept before the container went.
+    assert!(crate::logs::archive_path(&rig.cfg.work_dir, 1, 1).exists());
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleep_mode_lends_a_sleeping_replica_and_wakes_it_on_reclaim() {
+    let mut rig = rig(|c| c.replica.reclaim = ReclaimMode::Sleep);
+    rig.serving().await;
+    let replica = rig.replicas()[0].id.clone();
+
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1, 2, 3])]))
+        .await;
+    assert_eq!(
+        rig.phases(SequenceKind::Drain),
+        [
+            "mark_not_ready",
+            "wait_in_flight",
+            "sleep_replica",
+            "confirm_free",
+            "start_jobs"
+        ]
+    );
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Sleeping);
+    assert!(!rig.shared.ready(), "a sleeping replica is not ready");
+    assert_eq!(rig.node.replica_asleep(), Some(true));
+    assert!(running(&rig.replicas()[0]), "the container is kept, asleep");
+    assert!(running(&rig.jobs()[0]));
+
+    rig.tell(serve(3)).await;
+    let reclaim = rig.phases(SequenceKind::Reclaim);
+    assert_eq!(
+        reclaim[reclaim.len() - 4..],
+        ["stop_jobs", "confirm_free", "wake_replica", "wait_health"]
+    );
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert!(rig.shared.ready());
+    let replicas = rig.replicas();
+    assert_eq!(replicas.len(), 1);
+    assert_eq!(replicas[0].id, replica, "woken, not restarted");
+    assert_eq!(rig.node.replica_asleep(), Some(false));
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleep_that_frees_too_little_falls_back_to_stopping_the_replica() {
+    let mut rig = rig(|c| c.replica.reclaim = ReclaimMode::Sleep);
+    rig.node.set_vllm(VllmBehaviour {
+        asleep_bytes: 20 * GIB,
+        ..VllmBehaviour::default()
+    });
+    rig.serving().await;
+
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1, 2, 3])]))
+        .await;
+    assert_eq!(
+        rig.phases(SequenceKind::Drain),
+        [
+            "mark_not_ready",
+            "wait_in_flight",
+            "sleep_replica",
+            "sleep_insufficient",
+            "stop_replica",
+            "confirm_free",
+            "start_jobs"
+        ]
+    );
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert!(!running(&rig.replicas()[0]));
+    assert!(running(&rig.jobs()[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fail_safe_stops_jobs_when_the_coordinator_is_silent_and_refuses_their_leases() {
+    let mut rig = rig(|_| {});
+    let mut lent = lend(1, vec![lease(41, 1, 1, vec![0, 1])]);
+    lent.lease_ttl_ms = 2_000;
+    rig.tell(lent.clone()).await;
+    assert!(running(&rig.jobs()[0]));
+
+    // Silent past the lease TTL: the job is stopped and the node serves on its own.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    rig.r.pass().await.expect("fail-safe");
+    assert_eq!(rig.shared.observed().expired_leases, vec![41]);
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert!(rig.shared.ready());
+    assert!(rig.jobs().iter().all(|c| !running(c)), "{:?}", rig.jobs());
+    assert!(
+        rig.node.engine_calls().iter().any(
+            |c| matches!(c, EngineCall::Stop { grace, .. } if *grace == Duration::from_secs(7))
+        ),
+        "stopped with its grace"
+    );
+
+    // The coordinator answers again, still listing the lease: it stays void.
+    rig.shared.contact();
+    rig.r.pass().await.expect("coordinator back");
+    assert!(rig.jobs().iter().all(|c| !running(c)), "nothing restarted");
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().expired_leases, vec![41]);
+
+    // Once the coordinator drops it, it is no longer reported.
+    rig.tell(serve(2)).await;
+    assert!(rig.shared.observed().expired_leases.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_adopts_the_containers_it_finds() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    // A new agent process: fresh shared state and reconciler over the same host.
+    let shared = Arc::new(Shared::new(NODE));
+    let mut r = reconciler(&rig.node, &shared, &rig.cfg, &rig.host);
+    r.pass().await.expect("before the coordinator answers");
+    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert!(shared.ready(), "a healthy replica is adopted as serving");
+    shared.offer_desired(serve(1));
+    shared.contact();
+    r.pass().await.expect("serve");
+    assert_eq!(rig.replicas().len(), 1, "no second replica");
+
+    // Lent, then restarted again: the job is adopted, not started twice.
+    shared.offer_desired(lend(2, vec![lease(1, 1, 1, vec![0, 1])]));
+    r.pass().await.expect("lend");
+    let job = rig.jobs()[0].id.clone();
+    let shared = Arc::new(Shared::new(NODE));
+    let mut r = reconciler(&rig.node, &shared, &rig.cfg, &rig.host);
+    r.pass().await.expect("before the coordinator answers");
+    assert_eq!(
+        shared
+            .observed()
+            .runs
+            .iter()
+            .map(|r| (r.lease_id, r.state.clone()))
+            .collect::<Vec<_>>(),
+        [(1, JobRunState::Running)],
+        "the running job is reported"
+    );
+    shared.offer_desired(lend(2, vec![lease(1, 1, 1, vec![0, 1])]));
+    shared.contact();
+    r.pass().await.expect("lend again");
+    let jobs = rig.jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].id, job);
+    assert!(running(&jobs[0]));
+    assert_eq!(shared.observed().replica, ReplicaState::Stopped);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_adopts_a_sleeping_replica_as_sleeping() {
+    let mut rig = rig(|c| c.replica.reclaim = ReclaimMode::Sleep);
+    rig.serving().await;
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1, 2, 3])]))
+        .await;
+    let shared = Arc::new(Shared::new(NODE));
+    let mut r = reconciler(&rig.node, &shared, &rig.cfg, &rig.host);
+    r.pass().await.expect("before the coordinator answers");
+    assert_eq!(shared.observed().replica, ReplicaState::Sleeping);
+    assert!(!shared.ready());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_is_abandoned_when_the_node_should_serve_again() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    let replica = rig.replicas()[0].id.clone();
+    // A long queue: the drain waits on it.
+    rig.node.set_load(100, 4, Duration::from_secs(1));
+    rig.shared
+        .offer_desired(lend(2, vec![lease(1, 1, 1, vec![0, 1])]));
+    rig.shared.contact();
+    let shared = rig.shared.clone();
+    let surge = async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!shared.ready(), "draining");
+        assert_eq!(shared.observed().replica, ReplicaState::Draining);
+        shared.offer_desired(serve(3));
+    };
+    let (result, ()) = tokio::join!(rig.r.pass(), surge);
+    result.expect("pass");
+    rig.r.pass().await.expect("serve");
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert!(rig.shared.ready());
+    let replicas = rig.replicas();
+    assert_eq!(replicas.len(), 1);
+    assert_eq!(replicas[0].id, replica, "the same replica serves on");
+    assert!(running(&replicas[0]));
+    assert!(rig.jobs().is_empty(), "no job started");
+    assert!(
+        !rig.phases(SequenceKind::Drain)
+            .contains(&"stop_replica".to_owned()),
+        "{:?}",
+        rig.phases(SequenceKind::Drain)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_ignores_its_signal_is_killed_after_its_grace() {
+    let mut rig = rig(|_| {});
+    rig.node.behave(
+        TRAINER,
+        Behaviour {
+            ignores_signal: true,
+            ..Behaviour::default()
+        },
+    );
+    rig.tell(lend(1, vec![lease(1, 1, 1, vec![0, 1])])).await;
+    // The lease is revoked while the node stays lent.
+    rig.tell(lend(2, Vec::new())).await;
+    let stop = rig
+        .shared
+        .phases()
+        .into_iter()
+        .filter(|p| p.sequence == SequenceKind::Reclaim && p.phase == "stop_jobs")
+        .count();
+    assert_eq!(stop, 0, "not a reclaim: the node stays lent");
+    let jobs = rig.jobs();
+    // Reported as killed by the agent before it is removed on the next pass.
+    assert!(jobs.is_empty() || jobs[0].state == ContainerState::Exited { exit_code: 137 });
+
+    // And on reclaim: stop_jobs lasts the whole grace.
+    let mut rig = self::rig(|_| {});
+    rig.node.behave(
+        TRAINER,
+        Behaviour {
+            ignores_signal: true,
+            ..Behaviour::default()
+        },
+    );
+    rig.tell(lend(1, vec![lease(1, 1, 1, vec![0, 1])])).await;
+    let job = rig.jobs()[0].id.clone();
+    rig.tell(serve(2)).await;
+    assert!(rig.phase_ms(SequenceKind::Reclaim, "stop_jobs") >= 7_000);
+    assert!(
+        !rig.jobs().iter().any(|c| c.id == job),
+        "removed once exited"
+    );
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_lease_is_refused() {
+    let mut rig = rig(|_| {});
+    rig.tell(lend(1, vec![lease(1, 5, 1, vec![0, 1])])).await;
+    // An older epoch on a GPU a newer lease holds: refused, neither started nor reported.
+    rig.tell(lend(
+        2,
+        vec![lease(1, 5, 1, vec![0, 1]), lease(2, 3, 2, vec![1])],
+    ))
+    .await;
+    assert_eq!(rig.jobs().len(), 1);
+    assert!(rig.run_state(2).is_none());
+    // A newer epoch on a free GPU starts.
+    rig.tell(lend(
+        3,
+        vec![lease(1, 5, 1, vec![0, 1]), lease(3, 6, 3, vec![2])],
+    ))
+    .await;
+    assert_eq!(rig.jobs().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_failures_are_reported_and_kept_a_lease_ttl_after_unlisting() {
+    let mut rig = rig(|_| {});
+    rig.node.image_missing("missing:1");
+    rig.node.refuse_image("refused:1", "exec format error");
+    let mut missing = lease(1, 1, 1, vec![0]);
+    missing.job.image = "missing:1".into();
+    let mut refused = lease(2, 2, 2, vec![1]);
+    refused.job.image = "refused:1".into();
+    let fine = lease(3, 3, 3, vec![2]);
+    let mut lent = lend(1, vec![missing, refused, fine.clone()]);
+    lent.lease_ttl_ms = 5_000;
+    rig.tell(lent).await;
+    assert!(
+        matches!(rig.run_state(1), Some(JobRunState::FailedToStart { message }) if message.contains("missing:1"))
+    );
+    assert!(
+        matches!(rig.run_state(2), Some(JobRunState::FailedToStart { message }) if message.contains("exec format error"))
+    );
+    assert_eq!(rig.run_state(3), Some(JobRunState::Running));
+    assert_eq!(rig.jobs().len(), 1, "the others go on");
+
+    // Unlisted: still reported for a lease TTL, then forgotten.
+    let mut later = lend(2, vec![fine.clone()]);
+    later.lease_ttl_ms = 5_000;
+    rig.tell(later.clone()).await;
+    assert!(matches!(
+        rig.run_state(1),
+        Some(JobRunState::FailedToStart { .. })
+    ));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    rig.tell(DesiredNode {
+        version: 3,
+        ..later
+    })
+    .await;
+    assert!(rig.run_state(1).is_none());
+    assert!(rig.run_state(2).is_none());
+
+    // The checkpoint volume short of its floor: nothing starts, and it says why.
+    rig.host.set(HostFacts {
+        checkpoint_volume_free_bytes: Some(GIB / 2),
+        ..HostFacts::default()
+    });
+    let mut lent = lend(4, vec![fine, lease(4, 4, 4, vec![3])]);
+    lent.lease_ttl_ms = 5_000;
+    rig.tell(lent).await;
+    assert!(
+        matches!(rig.run_state(4), Some(JobRunState::FailedToStart { message }) if message.contains("checkpoint_min_free_bytes"))
+    );
+    assert_eq!(rig.jobs().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_ends_alone_is_reported_with_its_outputs_then_removed() {
+    let mut rig = rig(|_| {});
+    rig.node.behave(
+        TRAINER,
+        Behaviour {
+            exits_after: Some((Duration::from_secs(3), 0)),
+            stdout: "loss 0.1\ndone\n".into(),
+            files: vec![("/out/score".into(), b"0.93".to_vec())],
+            ..Behaviour::default()
+        },
+    );
+    let mut l = lease(1, 1, 1, vec![0]);
+    l.job.capture = Capture {
+        files: vec![nightshift_common::CaptureFile {
+            name: "score".into(),
+            path: "/out/score".into(),
+        }],
+        stdout: true,
+    };
+    rig.tell(lend(1, vec![l.clone()])).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    rig.tell(lend(2, vec![l])).await;
+    let run = rig.shared.observed().runs.remove(0);
+    assert_eq!(
+        run.state,
+        JobRunState::Exited {
+            exit_code: 0,
+            stopped_by_agent: false
+        }
+    );
+    assert_eq!(run.outputs["score"], "0.93");
+    assert_eq!(run.outputs[STDOUT_OUTPUT], "loss 0.1\ndone\n");
+    // The coordinator has seen it end and drops the lease: the container goes, its log kept.
+    rig.tell(lend(3, Vec::new())).await;
+    assert!(rig.jobs().is_empty());
+    let kept = std::fs::read_to_string(crate::logs::archive_path(&rig.cfg.work_dir, 1, 1)).unwrap();
+    assert_eq!(kept, "loss 0.1\ndone\n");
+}
