@@ -357,7 +357,11 @@ impl Cluster {
         }
         let inner = &mut *guard;
         let result = f(&mut inner.core, &mut inner.pipelines, now);
-        inner.pipelines.drive(&mut inner.core, &inner.policy, now);
+        let mut steps = crate::pipelines::AdmittedSteps {
+            core: &mut inner.core,
+            policy: &inner.policy,
+        };
+        inner.pipelines.drive(&mut steps, now);
         let effects = inner.core.poll_effects();
         let pipeline_changes = inner.pipelines.take_changes();
         let mut moved = Vec::new();

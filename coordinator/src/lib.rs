@@ -15,7 +15,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod pipelines;
 pub mod pki;
-pub mod policy;
+pub use nightshift_policy as policy;
 pub mod ratelimit;
 pub mod report;
 pub mod server;

@@ -49,6 +49,7 @@ const PURE_CRATES: &[&str] = &[
     "coordinator/core",
     "coordinator/sim",
     "coordinator/pipeline",
+    "coordinator/policy",
 ];
 
 /// Workspace crates outside [`PURE_CRATES`] that a pure crate may depend on, and why.

@@ -69,7 +69,8 @@ pub async fn submit(
 /// that the researcher knows it is policy, not a typo.
 fn parse_job(body: &[u8]) -> Result<JobSpec, HttpError> {
     parse("job", body).map_err(|e| {
-        match serde_json::from_slice(body).map(|raw| check_escapes(&raw)) {
+        let raw = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body);
+        match raw.map(|raw| check_escapes(raw.keys().map(String::as_str))) {
             Ok(Err(escape)) => by_policy(escape),
             _ => e,
         }

@@ -24,7 +24,7 @@ pub async fn submit(
         Ok(id)
     })?;
     let view = cluster
-        .read_pipelines(|core, p| p.view(core, view))
+        .read_pipelines(|core, p| p.view(|j| core.job(j), view))
         .map(|v| with_images(&cluster, v))
         .ok_or_else(|| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, "run vanished", None))?;
     tracing::info!(pipeline.id = view.id, pipeline.name = %view.name, "pipeline submitted");
@@ -32,7 +32,7 @@ pub async fn submit(
 }
 
 pub async fn list(State(cluster): State<Arc<Cluster>>) -> Json<PipelineRunList> {
-    let runs = cluster.read_pipelines(|core, p| p.list(core));
+    let runs = cluster.read_pipelines(|core, p| p.list(|j| core.job(j)));
     Json(PipelineRunList {
         runs: runs.into_iter().map(|v| with_images(&cluster, v)).collect(),
     })
@@ -43,7 +43,7 @@ pub async fn show(
     Path(id): Path<u64>,
 ) -> Result<Json<PipelineRunView>, HttpError> {
     cluster
-        .read_pipelines(|core, p| p.view(core, id))
+        .read_pipelines(|core, p| p.view(|j| core.job(j), id))
         .map(|v| Json(with_images(&cluster, v)))
         .ok_or_else(|| {
             HttpError::new(
@@ -73,12 +73,11 @@ pub async fn rerun(
         .query_store(|store| store.image_ids(&jobs))
         .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?;
     let new = cluster.apply_with_pipelines(|core, pipelines, now| {
-        pipelines
-            .rerun(core, now, id, &images)
-            .unwrap_or_else(|| Err(nightshift_common::SpecError::new("run", "not found").into()))
+        let rerun = pipelines.rerun(|j| core.job(j), now, id, &images);
+        Ok(rerun.unwrap_or_else(|| Err(nightshift_common::SpecError::new("run", "not found")))?)
     })?;
     let view = cluster
-        .read_pipelines(|core, p| p.view(core, new))
+        .read_pipelines(|core, p| p.view(|j| core.job(j), new))
         .map(|v| with_images(&cluster, v))
         .ok_or_else(not_found)?;
     tracing::info!(pipeline.id = view.id, rerun.of = id, "pipeline rerun");

@@ -1,5 +1,10 @@
-//! Job policy: what a job may ask for, checked at submission. A refusal is a 403 that names
-//! the rule (`policy.allowed_images`, `policy.allow_privileged`, ...) and the job's field.
+//! Job policy: what a job may ask for, checked at submission by one admission
+//! ([`PolicyConfig::admit`]) for a job submitted alone and for each pipeline step. A refusal
+//! names the rule (`policy.allowed_images`, `policy.allow_privileged`, ...) and the job's
+//! field; the coordinator answers it with a 403.
+//!
+//! Pure rules on a [`JobSpec`]: no I/O, no clock. What the rules need of the cluster (the
+//! GPUs a team's unfinished jobs ask for) is passed in.
 //!
 //! A job asks for privileges only through its `sandbox:` section ([`Sandbox`]): a privileged
 //! container, the host's network or PID namespace, added capabilities, host devices, host
@@ -130,13 +135,12 @@ const ESCAPES: &[(&str, &str)] = &[
     ("hostPath", "host mounts"),
 ];
 
-/// Refuses a raw job that asks for anything of [`ESCAPES`].
-pub fn check_escapes(raw: &serde_json::Value) -> Result<(), PolicyError> {
-    let Some(fields) = raw.as_object() else {
-        return Ok(());
-    };
+/// Refuses a job whose top-level fields (`fields`, as sent, whether or not they are a
+/// [`JobSpec`]'s) ask for anything of [`ESCAPES`].
+pub fn check_escapes<'a>(fields: impl IntoIterator<Item = &'a str>) -> Result<(), PolicyError> {
+    let fields: Vec<&str> = fields.into_iter().collect();
     for (field, what) in ESCAPES {
-        if fields.contains_key(*field) {
+        if fields.contains(field) {
             return Err(PolicyError {
                 rule: "policy.sandbox",
                 field: (*field).to_owned(),
@@ -466,9 +470,11 @@ mod tests {
 
     #[test]
     fn a_team_section_overrides_the_gpu_limits_for_that_team_only() {
-        let toml = "max_gpus_per_job = 4\nmax_gpus_per_team = 8\n\
-                    [teams.vision]\nmax_gpus = 32\nmax_gpus_per_job = 16\n";
-        let policy: PolicyConfig = toml_from(toml);
+        let policy = policy_from(serde_json::json!({
+            "max_gpus_per_job": 4,
+            "max_gpus_per_team": 8,
+            "teams": {"vision": {"max_gpus": 32, "max_gpus_per_job": 16}},
+        }));
         let image = "trainer:1";
         assert_eq!(policy.check(image, 16, Some("vision"), 16), Ok(()));
         let e = policy.check(image, 17, Some("vision"), 0).unwrap_err();
@@ -496,9 +502,10 @@ mod tests {
 
     #[test]
     fn the_run_time_limit_is_filled_in_or_enforced_per_team() {
-        let toml = "max_run_seconds_per_job = 3600\n[teams.vision]\nmax_run_seconds = 86400\n\
-                    [teams.infra]\nmax_run_seconds = 0\n";
-        let policy: PolicyConfig = toml_from(toml);
+        let policy = policy_from(serde_json::json!({
+            "max_run_seconds_per_job": 3600,
+            "teams": {"vision": {"max_run_seconds": 86400}, "infra": {"max_run_seconds": 0}},
+        }));
         let job = |owner: Option<&str>, asked: Option<u64>| {
             let mut spec = JobSpec::new("j", "trainer:1", 1);
             spec.owner = owner.map(str::to_owned);
@@ -618,13 +625,9 @@ mod tests {
         assert!(a.spec.sandbox.privileged);
     }
 
-    fn toml_from(text: &str) -> PolicyConfig {
-        config::Config::builder()
-            .add_source(config::File::from_str(text, config::FileFormat::Toml))
-            .build()
-            .unwrap()
-            .try_deserialize()
-            .unwrap()
+    /// `[policy]` as a file sets it (the coordinator's config tests read the TOML itself).
+    fn policy_from(section: serde_json::Value) -> PolicyConfig {
+        serde_json::from_value(section).unwrap()
     }
 
     fn rules(policy: &PolicyConfig, sandbox: &Sandbox) -> Vec<(&'static str, String)> {
@@ -765,14 +768,13 @@ mod tests {
 
     #[test]
     fn a_kubernetes_field_at_the_top_level_is_refused_by_rule() {
-        let raw = serde_json::json!({"name": "a", "image": "b", "gpus": 1, "privileged": true});
-        let e = check_escapes(&raw).unwrap_err();
+        let e = check_escapes(["name", "image", "gpus", "privileged"]).unwrap_err();
         assert_eq!((e.rule, e.field.as_str()), ("policy.sandbox", "privileged"));
         assert!(
             e.to_string()
                 .starts_with("policy.sandbox: privileged: jobs may not use privileged containers")
         );
         assert!(e.message.contains("under `sandbox:`"));
-        assert!(check_escapes(&serde_json::json!({"name": "a"})).is_ok());
+        assert!(check_escapes(["name"]).is_ok());
     }
 }
