@@ -1,142 +1,158 @@
-//! Drain: lend the node. Not-ready on the load-balancer endpoint, wait for vLLM to report no
-//! running and no waiting request (or the drain timeout), stop the container, and confirm
-//! through NVML that its GPUs are free. Only then may jobs start. With
-//! `replica.reclaim = "sleep"` the container is put to sleep instead of stopped (see
-//! `sleep.rs`), and stopped after all when sleeping frees too little memory.
+//! Drain: lend the node. Not-ready on the load-balancer endpoint for the readiness grace,
+//! wait for vLLM to report no running and no waiting request (or the drain timeout), stop
+//! the container, and confirm through NVML that its GPUs are free. Only then may jobs start
+//! (`plan.rs`). With `replica.reclaim = "sleep"` vLLM is put to sleep instead of stopped and
+//! the container kept; when it then does not say it sleeps, or NVML shows more than
+//! `replica.sleep_max_used_bytes` per GPU after `replica.sleep_free_timeout_s`, it is stopped
+//! after all (`sleep_insufficient`). Each wait is a [`Phase`]: this is the planner's half of
+//! the drain, pure; the executor runs its steps.
 
 use std::time::Duration;
 
+use nightshift_common::{ReplicaState, SequenceKind};
 use tokio::time::Instant;
 
-use nightshift_common::{ReplicaState, SequenceKind};
+use crate::config::{AgentConfig, ReclaimMode};
+use crate::lifecycle::ReplicaEvent;
+use crate::plan::{Memory, Note, Observation, Phase, Step, busy};
+use crate::serving::Health;
 
-use crate::config::ReclaimMode;
-use crate::engine::{Container, ContainerState, Engine};
-use crate::gpus::Gpus;
-use crate::reconcile::{POLL, ReconcileError, Reconciler, replica};
-use crate::serving::{Health, ServingMetrics};
+const DRAIN: SequenceKind = SequenceKind::Drain;
 
-impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
-    pub(crate) async fn drain(&mut self, containers: &[Container]) -> Result<(), ReconcileError> {
-        let running = replica(containers).filter(|c| c.state == ContainerState::Running);
-        let Some(c) = running else {
-            self.shared.set_ready(false);
-            self.shared.update(|o| {
-                o.replica = ReplicaState::Stopped;
-                o.replica_url = None;
-            });
-            return Ok(());
+/// The drain's next steps; none once the replica is stopped (its GPUs confirmed free) or
+/// asleep.
+pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) -> Vec<Step> {
+    let Some(p) = &obs.replica else {
+        if mem.replica != ReplicaState::Stopped {
+            return vec![Step::Replica(ReplicaEvent::Stopped)];
+        }
+        let Some(began) = mem.since(Phase::ConfirmStopped) else {
+            return Vec::new();
         };
-        let url = crate::replica::url(&self.cfg, c);
-        if self.shared.observed().replica == ReplicaState::Sleeping {
-            return Ok(());
-        }
-        let sleep_mode = self.cfg.replica.reclaim == ReclaimMode::Sleep;
-        if sleep_mode
-            && let Some(u) = &url
-            && self.serving.is_sleeping(u).await == Some(true)
-        {
-            // Adopted after a restart: asleep already; the memory check still applies.
-            self.shared.set_ready(false);
-            if self.confirm_asleep_and_free(u).await {
-                return Ok(());
+        let timeout = Duration::from_secs_f64(cfg.free_timeout_s);
+        return busy(obs, &obs.gpus, cfg.free_memory_bytes, began, now, timeout).unwrap_or_else(
+            || {
+                vec![
+                    Step::Record {
+                        sequence: DRAIN,
+                        phase: "confirm_free",
+                        began,
+                    },
+                    Step::Enter(None),
+                ]
+            },
+        );
+    };
+    let sleep_mode = cfg.replica.reclaim == ReclaimMode::Sleep;
+    let stop = || {
+        vec![
+            Step::StopReplica {
+                id: p.container_id.clone(),
+                grace: Duration::from_secs_f64(cfg.replica.shutdown_timeout_s),
+            },
+            Step::Enter(Some(Phase::ConfirmStopped)),
+        ]
+    };
+    match mem.replica {
+        ReplicaState::Sleeping => Vec::new(),
+        ReplicaState::Draining => match mem.phase {
+            Some((Phase::MarkNotReady, began)) => {
+                if now.duration_since(began) < Duration::from_secs_f64(cfg.readiness_grace_s) {
+                    return vec![Step::Wait];
+                }
+                vec![
+                    Step::Record {
+                        sequence: DRAIN,
+                        phase: "mark_not_ready",
+                        began,
+                    },
+                    Step::Enter(Some(Phase::WaitInFlight)),
+                ]
             }
-        }
-        let t = Instant::now();
-        self.shared.set_ready(false);
-        self.shared.update(|o| {
-            o.replica = ReplicaState::Draining;
-            o.replica_url = url.clone();
-        });
-        if !self.wait_readiness_grace().await {
-            tracing::info!(node = %self.node(), "drain abandoned: the node serves again");
-            return Ok(());
-        }
-        self.shared
-            .record_phase(SequenceKind::Drain, "mark_not_ready", t);
-
-        let t = Instant::now();
-        if let Some(url) = &url
-            && !self.wait_in_flight(url).await
-        {
-            tracing::info!(node = %self.node(), "drain abandoned: the node serves again");
-            return Ok(());
-        }
-        self.shared
-            .record_phase(SequenceKind::Drain, "wait_in_flight", t);
-
-        if sleep_mode
-            && let Some(u) = &url
-            && self.sleep_replica(u).await
-        {
-            return Ok(());
-        }
-
-        let t = Instant::now();
-        let grace = Duration::from_secs_f64(self.cfg.replica.shutdown_timeout_s);
-        self.engine.stop(&c.id, grace).await?;
-        self.shared.update(|o| {
-            o.replica = ReplicaState::Stopped;
-            o.replica_url = None;
-        });
-        self.shared
-            .record_phase(SequenceKind::Drain, "stop_replica", t);
-
-        let t = Instant::now();
-        let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
-        self.confirm_free(&all, self.cfg.free_memory_bytes).await?;
-        self.shared
-            .record_phase(SequenceKind::Drain, "confirm_free", t);
-        Ok(())
+            Some((Phase::WaitInFlight, began)) => {
+                let idle = p.requests_running == Some(0.0) && p.requests_waiting == Some(0.0);
+                let gone = p.requests_running.is_none() && p.health == Health::Unreachable;
+                let late =
+                    now.duration_since(began) >= Duration::from_secs_f64(cfg.drain_timeout_s);
+                let mut steps = match (idle, gone, late) {
+                    (true, _, _) => Vec::new(),
+                    (false, true, _) => vec![Step::Note(Note::ReplicaUnreachable)],
+                    (false, false, true) => vec![Step::Note(Note::DrainTimeout {
+                        running: p.requests_running,
+                        waiting: p.requests_waiting,
+                    })],
+                    (false, false, false) => return vec![Step::Wait],
+                };
+                steps.push(Step::Record {
+                    sequence: DRAIN,
+                    phase: "wait_in_flight",
+                    began,
+                });
+                match (&p.url, sleep_mode) {
+                    (Some(url), true) => steps.extend([
+                        Step::SleepReplica { url: url.clone() },
+                        Step::Enter(Some(Phase::ConfirmAsleep)),
+                    ]),
+                    _ => steps.extend(stop()),
+                }
+                steps
+            }
+            Some((Phase::ConfirmAsleep, began)) => confirm_asleep(cfg, obs, began, now, stop),
+            Some((Phase::StopInstead, _)) => stop(),
+            _ => vec![Step::Enter(Some(Phase::MarkNotReady))],
+        },
+        // Found asleep already (an agent restarted mid-lend): only the memory check is left.
+        _ if sleep_mode && p.is_sleeping == Some(true) => vec![
+            Step::Replica(ReplicaEvent::DrainBegan),
+            Step::Enter(Some(Phase::ConfirmAsleep)),
+        ],
+        _ => vec![
+            Step::Replica(ReplicaEvent::DrainBegan),
+            Step::Enter(Some(Phase::MarkNotReady)),
+        ],
     }
+}
 
-    /// Waits out the readiness grace (the load balancer's time to notice not-ready), or
-    /// returns false at once when the node should serve again meanwhile: a surge must not
-    /// wait for the grace to end before the replica takes requests again.
-    async fn wait_readiness_grace(&self) -> bool {
-        let mut desired = self.shared.subscribe_desired();
-        let grace = tokio::time::sleep(Duration::from_secs_f64(self.cfg.readiness_grace_s));
-        tokio::pin!(grace);
-        loop {
-            if self.wants_serving() {
-                return false;
-            }
-            tokio::select! {
-                () = &mut grace => return true,
-                // A new desired state; the poll also catches the fail-safe, which turns the
-                // node back to serving without one.
-                _ = desired.changed() => {}
-                () = tokio::time::sleep(POLL) => {}
-            }
-        }
+/// After the sleep: vLLM must say it sleeps, and NVML show at most
+/// `replica.sleep_max_used_bytes` on every GPU within `replica.sleep_free_timeout_s`; else
+/// the replica is stopped.
+fn confirm_asleep(
+    cfg: &AgentConfig,
+    obs: &Observation,
+    began: Instant,
+    now: Instant,
+    stop: impl Fn() -> Vec<Step>,
+) -> Vec<Step> {
+    let asleep = obs.replica.as_ref().is_some_and(|p| p.says_asleep());
+    if !asleep {
+        let mut steps = vec![Step::Note(Note::NotAsleep)];
+        steps.extend(stop());
+        return steps;
     }
-
-    /// Waits until vLLM reports nothing running and nothing waiting, the drain timeout runs
-    /// out, or vLLM is gone. Returns false when the node should serve again instead.
-    async fn wait_in_flight(&self, url: &str) -> bool {
-        let timeout = Duration::from_secs_f64(self.cfg.drain_timeout_s);
-        let started = Instant::now();
-        loop {
-            if self.wants_serving() {
-                return false;
-            }
-            let s = self.serving.signals(url).await;
-            if s.requests_running == Some(0.0) && s.requests_waiting == Some(0.0) {
-                return true;
-            }
-            if s.requests_running.is_none() && self.serving.health(url).await == Health::Unreachable
-            {
-                tracing::warn!(node = %self.node(), "replica unreachable while draining; stopping it");
-                return true;
-            }
-            if started.elapsed() >= timeout {
-                tracing::warn!(
-                    node = %self.node(), running = ?s.requests_running, waiting = ?s.requests_waiting,
-                    "drain timeout: stopping the replica with requests in flight"
-                );
-                return true;
-            }
-            tokio::time::sleep(POLL).await;
+    let limit = cfg.replica.sleep_max_used_bytes;
+    let timeout = Duration::from_secs_f64(cfg.replica.sleep_free_timeout_s);
+    match busy(obs, &obs.gpus, limit, began, now, timeout) {
+        None => vec![
+            Step::Replica(ReplicaEvent::Slept),
+            Step::Record {
+                sequence: DRAIN,
+                phase: "confirm_free",
+                began,
+            },
+            Step::Enter(None),
+        ],
+        Some(wait) if wait == [Step::Wait] => wait,
+        Some(_) => {
+            let mut steps = vec![
+                Step::Note(Note::SleepFreedTooLittle { limit }),
+                Step::Record {
+                    sequence: DRAIN,
+                    phase: "sleep_insufficient",
+                    began,
+                },
+            ];
+            steps.extend(stop());
+            steps
         }
     }
 }

@@ -25,99 +25,179 @@ use std::time::Duration;
 
 use nightshift_common::DesiredNode;
 
-use crate::engine::Engine;
-use crate::gpus::Gpus;
-use crate::reconcile::Reconciler;
-use crate::serving::ServingMetrics;
+use crate::config::AgentConfig;
+use crate::plan::Memory;
 
-impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
-    /// How long the coordinator may be silent before the fail-safe acts.
-    fn silence_limit(&self, desired: &DesiredNode) -> Duration {
-        self.cfg
-            .failsafe
-            .silence_s
-            .map(Duration::from_secs_f64)
-            .unwrap_or(Duration::from_millis(desired.lease_ttl_ms))
+/// How long the coordinator may be silent before the fail-safe acts.
+pub fn silence_limit(cfg: &AgentConfig, desired: &DesiredNode) -> Duration {
+    cfg.failsafe
+        .silence_s
+        .map(Duration::from_secs_f64)
+        .unwrap_or(Duration::from_millis(desired.lease_ttl_ms))
+}
+
+/// How long the coordinator has been silent past the limit, if it has.
+fn silent_for(
+    cfg: &AgentConfig,
+    desired: &DesiredNode,
+    since_contact: Option<Duration>,
+) -> Option<Duration> {
+    since_contact.filter(|d| *d > silence_limit(cfg, desired))
+}
+
+/// The desired state to act on: the coordinator's, without the void leases; with none at
+/// all while the fail-safe acts. A node whose every listed lease is void serves.
+pub fn effective(
+    cfg: &AgentConfig,
+    desired: &DesiredNode,
+    since_contact: Option<Duration>,
+    mem: &Memory,
+) -> DesiredNode {
+    let failing_safe = cfg.failsafe.enabled && silent_for(cfg, desired, since_contact).is_some();
+    let leases: Vec<_> = desired
+        .leases
+        .iter()
+        .filter(|l| !failing_safe && !mem.void.contains_key(&l.lease_id))
+        .cloned()
+        .collect();
+    if leases.len() == desired.leases.len() {
+        return desired.clone();
     }
-
-    fn silent_for(&self, desired: &DesiredNode) -> Option<Duration> {
-        self.shared
-            .since_contact()
-            .filter(|d| *d > self.silence_limit(desired))
+    DesiredNode {
+        serve: desired.serve || leases.is_empty(),
+        leases,
+        ..desired.clone()
     }
+}
 
-    /// The desired state to act on: the coordinator's, without the void leases; with none
-    /// at all while the fail-safe acts. A node whose every listed lease is void serves.
-    pub(crate) fn effective_desired(&self) -> Option<DesiredNode> {
-        let desired = self.shared.desired()?;
-        let failing_safe = self.cfg.failsafe.enabled && self.silent_for(&desired).is_some();
-        let leases: Vec<_> = desired
-            .leases
-            .iter()
-            .filter(|l| !failing_safe && !self.void.contains_key(&l.lease_id))
-            .cloned()
-            .collect();
-        if leases.len() == desired.leases.len() {
-            return Some(desired);
-        }
-        Some(DesiredNode {
-            serve: desired.serve || leases.is_empty(),
-            leases,
-            ..desired
-        })
-    }
+/// What the fail-safe has to say, once per silence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Alarm {
+    /// Silent past the TTL with the fail-safe disabled: the jobs run on.
+    Disabled { silent: Duration, leases: Vec<u64> },
+    /// Silent past the limit: these leases are void from now on.
+    Acting {
+        silent: Duration,
+        limit: Duration,
+        leases: Vec<u64>,
+    },
+    /// The coordinator answers again.
+    Back { void: Vec<u64> },
+}
 
-    /// Enters or leaves the fail-safe, loudly, and keeps the void leases and their report
-    /// up to date.
-    pub(crate) fn track_failsafe(&mut self) {
-        let Some(desired) = self.shared.desired() else {
-            return;
-        };
-        match self.silent_for(&desired) {
-            Some(silent) if !desired.leases.is_empty() => {
-                if !self.cfg.failsafe.enabled {
-                    if !self.silence_logged {
-                        tracing::error!(
-                            node = %self.node(), silent_s = silent.as_secs_f64(),
-                            leases = ?desired.leases.iter().map(|l| l.lease_id).collect::<Vec<_>>(),
-                            "coordinator silent past the lease ttl and the fail-safe is disabled: jobs keep running on expired leases"
-                        );
-                        self.silence_logged = true;
-                    }
-                    return;
-                }
-                let mut newly = Vec::new();
-                for l in &desired.leases {
-                    if self.void.insert(l.lease_id, l.epoch).is_none() {
-                        newly.push(l.lease_id);
-                    }
-                }
-                if !newly.is_empty() {
-                    tracing::error!(
-                        node = %self.node(), silent_s = silent.as_secs_f64(),
-                        limit_s = self.silence_limit(&desired).as_secs_f64(), leases = ?newly,
-                        "FAIL-SAFE: the coordinator is silent and these leases expired; checkpointing and stopping their jobs and serving again"
-                    );
-                }
-                self.silence_logged = true;
+/// Enters or leaves the fail-safe: keeps the void leases and whether the silence was told,
+/// and says what is worth logging.
+pub fn track(
+    cfg: &AgentConfig,
+    desired: &DesiredNode,
+    since_contact: Option<Duration>,
+    mem: &mut Memory,
+) -> Option<Alarm> {
+    match silent_for(cfg, desired, since_contact) {
+        Some(silent) if !desired.leases.is_empty() => {
+            if !cfg.failsafe.enabled {
+                let first = !mem.silence_logged;
+                mem.silence_logged = true;
+                return first.then(|| Alarm::Disabled {
+                    silent,
+                    leases: desired.leases.iter().map(|l| l.lease_id).collect(),
+                });
             }
-            Some(_) => {}
-            None => {
-                if self.silence_logged {
-                    tracing::warn!(
-                        node = %self.node(), void = ?self.void.keys().collect::<Vec<_>>(),
-                        "coordinator answers again; reporting the leases the fail-safe stopped"
-                    );
-                    self.silence_logged = false;
+            let mut newly = Vec::new();
+            for l in &desired.leases {
+                if mem.void.insert(l.lease_id, l.epoch).is_none() {
+                    newly.push(l.lease_id);
                 }
-                // The coordinator has dropped a void lease once it no longer lists it.
-                let listed: Vec<u64> = desired.leases.iter().map(|l| l.lease_id).collect();
-                self.void.retain(|id, _| listed.contains(id));
             }
+            mem.silence_logged = true;
+            (!newly.is_empty()).then(|| Alarm::Acting {
+                silent,
+                limit: silence_limit(cfg, desired),
+                leases: newly,
+            })
         }
-        let expired: Vec<u64> = self.void.keys().copied().collect();
-        if self.shared.observed().expired_leases != expired {
-            self.shared.update(|o| o.expired_leases = expired);
+        Some(_) => None,
+        None => {
+            let back = mem.silence_logged.then(|| Alarm::Back {
+                void: mem.void.keys().copied().collect(),
+            });
+            mem.silence_logged = false;
+            // The coordinator has dropped a void lease once it no longer lists it.
+            let listed: Vec<u64> = desired.leases.iter().map(|l| l.lease_id).collect();
+            mem.void.retain(|id, _| listed.contains(id));
+            back
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nightshift_common::{JobSpec, LeaseGrant};
+
+    fn desired(leases: &[u64]) -> DesiredNode {
+        DesiredNode {
+            version: 1,
+            serve: false,
+            leases: leases
+                .iter()
+                .map(|&id| LeaseGrant {
+                    lease_id: id,
+                    epoch: id,
+                    job_id: id,
+                    attempt: 1,
+                    gpus: vec![0],
+                    job: JobSpec::new("j", "i", 1),
+                    rendezvous: None,
+                })
+                .collect(),
+            lease_ttl_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn silence_past_the_ttl_voids_the_leases_once_and_the_node_serves() {
+        let cfg = AgentConfig::default();
+        let mut mem = Memory::default();
+        let d = desired(&[4, 5]);
+        let heard = Some(Duration::from_millis(500));
+        assert_eq!(track(&cfg, &d, heard, &mut mem), None);
+        assert_eq!(effective(&cfg, &d, heard, &mem), d);
+
+        let silent = Some(Duration::from_millis(2_500));
+        assert!(matches!(
+            track(&cfg, &d, silent, &mut mem),
+            Some(Alarm::Acting { leases, .. }) if leases == [4, 5]
+        ));
+        assert_eq!(track(&cfg, &d, silent, &mut mem), None, "loud once");
+        let e = effective(&cfg, &d, silent, &mem);
+        assert!(e.serve && e.leases.is_empty());
+
+        // Back, still listing them: refused; then dropped: forgotten.
+        assert_eq!(
+            track(&cfg, &d, heard, &mut mem),
+            Some(Alarm::Back { void: vec![4, 5] })
+        );
+        let e = effective(&cfg, &d, heard, &mem);
+        assert!(e.serve && e.leases.is_empty(), "void leases stay refused");
+        let dropped = desired(&[6]);
+        assert_eq!(track(&cfg, &dropped, heard, &mut mem), None);
+        assert!(mem.void.is_empty());
+        assert_eq!(effective(&cfg, &dropped, heard, &mem), dropped);
+    }
+
+    #[test]
+    fn disabled_it_only_says_so_once() {
+        let mut cfg = AgentConfig::default();
+        cfg.failsafe.enabled = false;
+        let mut mem = Memory::default();
+        let d = desired(&[4]);
+        let silent = Some(Duration::from_secs(3));
+        assert!(matches!(
+            track(&cfg, &d, silent, &mut mem),
+            Some(Alarm::Disabled { .. })
+        ));
+        assert_eq!(track(&cfg, &d, silent, &mut mem), None);
+        assert_eq!(effective(&cfg, &d, silent, &mem), d, "jobs run on");
     }
 }

@@ -1,126 +1,143 @@
 //! Reclaim: serve again. Job containers have already been sent their checkpoint signal and
-//! stopped (see `Reconciler::stop_unleased`); confirm the GPUs are free, start vLLM, wait
-//! for `/health`, and mark the replica ready.
+//! stopped (the planner does that first, `stop_jobs`); confirm the GPUs are free, start vLLM
+//! (or, asleep, wake it), wait for `/health`, and the replica serves, which makes it ready.
+//! A drain still waiting when the node should serve again is abandoned: the replica serves
+//! on. This is the planner's half of the reclaim, pure; the executor runs its steps.
 
 use std::time::Duration;
 
+use nightshift_common::{ReplicaState, SequenceKind};
 use tokio::time::Instant;
 
-use nightshift_common::{ReplicaState, SequenceKind};
+use crate::config::AgentConfig;
+use crate::lifecycle::ReplicaEvent;
+use crate::plan::{Memory, Note, Observation, Phase, Step, Stuck, busy};
+use crate::serving::Health;
 
-use crate::engine::{Container, ContainerState, Engine};
-use crate::gpus::Gpus;
-use crate::reconcile::{POLL, ReconcileError, Reconciler, jobs, replica};
-use crate::serving::{Health, ServingMetrics};
+const RECLAIM: SequenceKind = SequenceKind::Reclaim;
 
-impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
-    pub(crate) async fn reclaim(&mut self, containers: &[Container]) -> Result<(), ReconcileError> {
-        if jobs(containers).any(|c| c.state == ContainerState::Running) {
-            // A job is still on its way out; the next pass starts the replica.
-            return Ok(());
+/// The reclaim's next steps; none once the replica serves.
+pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) -> Vec<Step> {
+    let free_timeout = Duration::from_secs_f64(cfg.free_timeout_s);
+    let Some(p) = &obs.replica else {
+        // Nothing runs: confirm the GPUs free, then start it.
+        if !matches!(mem.replica, ReplicaState::Stopped | ReplicaState::Failed) {
+            return vec![Step::Replica(ReplicaEvent::Stopped)];
         }
-        let running = replica(containers).filter(|c| c.state == ContainerState::Running);
-        if let Some(c) = running {
-            let url = crate::replica::url(&self.cfg, c);
-            let state = self.shared.observed().replica;
-            if state == ReplicaState::Serving || state == ReplicaState::Draining {
-                // Serving already, or a drain that was called off: ready again.
-                self.shared.update(|o| {
-                    o.replica = ReplicaState::Serving;
-                    o.replica_url = url;
-                });
-                self.shared.set_ready(true);
-                return Ok(());
-            }
-            // Sleeping (lent in sleep mode, or adopted asleep after a restart): wake it.
-            if let Some(u) = &url
-                && (state == ReplicaState::Sleeping
-                    || self.serving.is_sleeping(u).await == Some(true))
-            {
-                let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
-                let t = Instant::now();
-                self.confirm_free(&all, self.cfg.replica.sleep_max_used_bytes)
-                    .await?;
-                self.shared
-                    .record_phase(SequenceKind::Reclaim, "confirm_free", t);
-                self.wake_replica(u).await?;
-            }
-            // Started earlier or adopted after a restart: wait for it to be healthy.
-            self.shared.update(|o| {
-                o.replica = ReplicaState::Starting;
-                o.replica_url = url.clone();
-            });
-            return self.become_ready(url.as_deref()).await;
-        }
-
-        let t = Instant::now();
-        let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
-        self.confirm_free(&all, self.cfg.free_memory_bytes).await?;
-        self.shared
-            .record_phase(SequenceKind::Reclaim, "confirm_free", t);
-
-        let t = Instant::now();
-        let spec = crate::replica::container_spec(&self.cfg, self.node(), self.gpus.access(&all));
-        let id = self.engine.run(&spec).await.inspect_err(|_| {
-            self.shared.update(|o| o.replica = ReplicaState::Failed);
-        })?;
-        let c = self.engine.inspect(&id).await?;
-        let url = crate::replica::url(&self.cfg, &c);
-        self.shared.update(|o| {
-            o.replica = ReplicaState::Starting;
-            o.replica_url = url.clone();
+        let Some(began) = mem.since(Phase::ConfirmFreeForReplica) else {
+            return vec![Step::Enter(Some(Phase::ConfirmFreeForReplica))];
+        };
+        return busy(
+            obs,
+            &obs.gpus,
+            cfg.free_memory_bytes,
+            began,
+            now,
+            free_timeout,
+        )
+        .unwrap_or_else(|| {
+            vec![
+                Step::Record {
+                    sequence: RECLAIM,
+                    phase: "confirm_free",
+                    began,
+                },
+                Step::StartReplica,
+                Step::Enter(Some(Phase::WaitHealth)),
+            ]
         });
-        self.shared
-            .record_phase(SequenceKind::Reclaim, "start_replica", t);
-        tracing::info!(node = %self.node(), container = %id, url = ?url, "replica started");
-        self.become_ready(url.as_deref()).await
-    }
-
-    /// Waits for `/health` to answer 200, then marks the replica ready.
-    async fn become_ready(&self, url: Option<&str>) -> Result<(), ReconcileError> {
-        let t = Instant::now();
-        let timeout = Duration::from_secs_f64(self.cfg.health_timeout_s);
-        let Some(url) = url else {
-            self.shared.update(|o| o.replica = ReplicaState::Failed);
-            return Err(ReconcileError::HealthTimeout(Duration::ZERO));
-        };
-        while self.serving.health(url).await != Health::Healthy {
-            if t.elapsed() >= timeout {
-                self.shared.update(|o| o.replica = ReplicaState::Failed);
-                return Err(ReconcileError::HealthTimeout(timeout));
+    };
+    let health_timeout = Duration::from_secs_f64(cfg.health_timeout_s);
+    match mem.replica {
+        ReplicaState::Serving => Vec::new(),
+        // A drain that was called off: ready again.
+        ReplicaState::Draining => vec![
+            Step::Note(Note::DrainAbandoned),
+            Step::Replica(ReplicaEvent::DrainAbandoned),
+            Step::Enter(None),
+        ],
+        // Sleeping (lent in sleep mode, or found asleep after a restart): wake it once the
+        // jobs' memory is gone.
+        state
+            if p.url.is_some()
+                && (state == ReplicaState::Sleeping || p.is_sleeping == Some(true)) =>
+        {
+            let url = p.url.clone().unwrap_or_default();
+            match mem.phase {
+                Some((Phase::ConfirmFreeForWake, began)) => {
+                    let limit = cfg.replica.sleep_max_used_bytes;
+                    busy(obs, &obs.gpus, limit, began, now, free_timeout).unwrap_or_else(|| {
+                        vec![
+                            Step::Record {
+                                sequence: RECLAIM,
+                                phase: "confirm_free",
+                                began,
+                            },
+                            Step::Enter(Some(Phase::WakeReplica)),
+                            Step::WakeReplica { url },
+                        ]
+                    })
+                }
+                Some((Phase::WakeReplica, began)) => {
+                    if !p.says_asleep() {
+                        let mut steps = vec![Step::Record {
+                            sequence: RECLAIM,
+                            phase: "wake_replica",
+                            began,
+                        }];
+                        if state != ReplicaState::Starting {
+                            steps.push(Step::Replica(ReplicaEvent::Started));
+                        }
+                        steps.push(Step::Enter(Some(Phase::WaitHealth)));
+                        steps
+                    } else if now.duration_since(began) >= health_timeout {
+                        vec![
+                            Step::Enter(None),
+                            Step::GiveUp(Stuck::HealthTimeout(health_timeout)),
+                        ]
+                    } else {
+                        vec![Step::Wait]
+                    }
+                }
+                _ => vec![Step::Enter(Some(Phase::ConfirmFreeForWake))],
             }
-            tokio::time::sleep(POLL).await;
         }
-        self.shared
-            .record_phase(SequenceKind::Reclaim, "wait_health", t);
-        self.shared.update(|o| o.replica = ReplicaState::Serving);
-        self.shared.set_ready(true);
-        Ok(())
-    }
-
-    /// Before the coordinator has answered: a replica that runs and is healthy is adopted as
-    /// serving.
-    pub(crate) async fn adopt_replica(&self, containers: &[Container]) {
-        let Some(c) = replica(containers).filter(|c| c.state == ContainerState::Running) else {
-            return;
-        };
-        let url = crate::replica::url(&self.cfg, c);
-        let healthy = match &url {
-            Some(u) => self.serving.health(u).await == Health::Healthy,
-            None => false,
-        };
-        let asleep = match &url {
-            Some(u) if healthy => self.serving.is_sleeping(u).await == Some(true),
-            _ => false,
-        };
-        self.shared.update(|o| {
-            o.replica = match (healthy, asleep) {
-                (true, true) => ReplicaState::Sleeping,
-                (true, false) => ReplicaState::Serving,
-                _ => ReplicaState::Starting,
+        // Started earlier, or found running after a restart: wait for it to be healthy.
+        state => {
+            if state != ReplicaState::Starting {
+                return vec![
+                    Step::Replica(ReplicaEvent::Started),
+                    Step::Enter(Some(Phase::WaitHealth)),
+                ];
+            }
+            let Some(began) = mem.since(Phase::WaitHealth) else {
+                return vec![Step::Enter(Some(Phase::WaitHealth))];
             };
-            o.replica_url = url;
-        });
-        self.shared.set_ready(healthy && !asleep);
+            if p.health == Health::Healthy {
+                return vec![
+                    Step::Record {
+                        sequence: RECLAIM,
+                        phase: "wait_health",
+                        began,
+                    },
+                    Step::Replica(ReplicaEvent::Healthy),
+                    Step::Enter(None),
+                ];
+            }
+            let waited = now.duration_since(began);
+            match (&p.url, waited >= health_timeout) {
+                (None, _) => vec![
+                    Step::Replica(ReplicaEvent::Failed),
+                    Step::Enter(None),
+                    Step::GiveUp(Stuck::HealthTimeout(Duration::ZERO)),
+                ],
+                (Some(_), true) => vec![
+                    Step::Replica(ReplicaEvent::Failed),
+                    Step::Enter(None),
+                    Step::GiveUp(Stuck::HealthTimeout(health_timeout)),
+                ],
+                (Some(_), false) => vec![Step::Wait],
+            }
+        }
     }
 }

@@ -1,26 +1,35 @@
-//! The reconcile loop: compare the node's desired state with the containers actually on the
-//! host (found by their labels), and act until they match.
+//! The executor: one reconcile pass reads the host through the ports (`Engine`, `Gpus`,
+//! `ServingMetrics`, `Host`), asks the planner (`plan.rs`) what to do, runs its steps, and
+//! updates what the agent remembers from their results (an engine refusal becomes a start
+//! failure, a failed sleep a stop). It looks again a poll interval later while a sequence
+//! waits, until the plan is empty: a pass ends with the host matching the desired state, or
+//! with an error, after which the loop (`agent.rs`) tries again.
 //!
-//! Level-triggered and idempotent: a pass looks at the world afresh each time, so running it
-//! twice changes nothing, and after an agent restart it adopts the containers that are
-//! already there. The two sequences of DESIGN.md live in `drain.rs` and `reclaim.rs`; this
-//! file decides which one applies and keeps the reported job runs up to date.
+//! Level-triggered and idempotent: every round looks at the world afresh, so running the
+//! same desired state twice changes nothing, and after an agent restart the containers that
+//! are already there are adopted. Time is tokio's clock, read here and handed to the
+//! planner, so that tests can pause it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use nightshift_common::labels;
-use nightshift_common::{JobRun, JobRunState, LeaseGrant, ReplicaState};
+use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, SequenceKind};
+use tokio::time::Instant;
 
 use crate::config::AgentConfig;
 use crate::engine::{Container, ContainerState, Engine, EngineError};
+use crate::failsafe::{self, Alarm};
 use crate::gpus::{GpuError, Gpus};
 use crate::host::Host;
 use crate::host::sysinfo::SysinfoHost;
-use crate::job::{self, GRACE_LABEL, JobDirs};
+use crate::job::{self, JobDirs};
+use crate::lifecycle::{IllegalMove, ReplicaEvent};
+use crate::plan::{
+    self, Memory, Note, Observation, Phase, ReplicaProbe, StartFailure, Step, StopJob, Stuck,
+    gpus_of, jobs, label_u64, lease_of,
+};
 use crate::serving::ServingMetrics;
 use crate::state::Shared;
 
@@ -41,33 +50,15 @@ pub enum ReconcileError {
         path: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Replica(#[from] IllegalMove),
 }
 
-/// A lease whose container could not be started. It is reported while its lease is listed,
-/// and for a lease TTL after (a reclaim may take the lease back before the coordinator has
-/// heard): the attempt fails, it is not taken for a preemption.
-struct StartFailure {
-    /// The run reported: the lease's job, attempt, epoch, GPUs and why.
-    run: JobRun,
-    /// Since when the desired state no longer lists the lease.
-    unlisted_since: Option<Instant>,
-}
-
-impl StartFailure {
-    fn new(lease: &LeaseGrant, message: String) -> Self {
-        Self {
-            run: JobRun {
-                job_id: lease.job_id,
-                attempt: lease.attempt,
-                lease_id: lease.lease_id,
-                epoch: lease.epoch,
-                gpus: lease.gpus.clone(),
-                state: JobRunState::FailedToStart { message },
-                last_checkpoint_at: None,
-                outputs: BTreeMap::new(),
-                image_id: None,
-            },
-            unlisted_since: None,
+impl From<Stuck> for ReconcileError {
+    fn from(stuck: Stuck) -> Self {
+        match stuck {
+            Stuck::GpusBusy { gpus, waited } => Self::GpusBusy { gpus, waited },
+            Stuck::HealthTimeout(d) => Self::HealthTimeout(d),
         }
     }
 }
@@ -78,23 +69,19 @@ pub struct Reconciler<E, G, S> {
     pub(crate) gpus: Arc<G>,
     pub(crate) serving: Arc<S>,
     pub(crate) shared: Arc<Shared>,
-    /// Highest fencing epoch honoured per GPU; a lease below it is stale and refused.
-    fenced: HashMap<u32, u64>,
-    /// Containers this agent stopped (reclaim, cancel), as opposed to ones that exited alone.
-    stopped: HashSet<String>,
-    /// Leases whose container could not be started, with why.
-    start_failures: HashMap<u64, StartFailure>,
+    /// What the planner remembers across passes.
+    mem: Memory,
     /// Output parameters read from a finished container, by container id.
     outputs: HashMap<String, BTreeMap<String, String>>,
-    /// Leases the fail-safe stopped (id → epoch): refused until the coordinator drops them.
-    pub(crate) void: BTreeMap<u64, u64>,
-    /// A silence already logged (the fail-safe is loud once, not every pass).
-    pub(crate) silence_logged: bool,
     host: Arc<dyn Host>,
 }
 
-/// How often waits poll what they wait for.
+/// How often a sequence that waits looks again.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
+
+/// Rounds of one pass at most: a plan that makes no progress ends the pass with an error
+/// rather than spinning (waits poll, so this is over 10 minutes of waiting).
+const MAX_ROUNDS: usize = 5_000;
 
 impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     pub fn new(
@@ -104,18 +91,18 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         serving: Arc<S>,
         shared: Arc<Shared>,
     ) -> Self {
+        let mem = Memory {
+            replica: shared.observed().replica,
+            ..Memory::default()
+        };
         Self {
             cfg,
             engine,
             gpus,
             serving,
             shared,
-            fenced: HashMap::new(),
-            stopped: HashSet::new(),
-            start_failures: HashMap::new(),
+            mem,
             outputs: HashMap::new(),
-            void: BTreeMap::new(),
-            silence_logged: false,
             host: Arc::new(SysinfoHost::new()),
         }
     }
@@ -130,63 +117,73 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         &self.shared.node
     }
 
-    /// Whether the node should serve right now (the desired state may change mid-sequence).
-    pub(crate) fn wants_serving(&self) -> bool {
-        self.effective_desired()
-            .is_some_and(|d| d.serve && d.leases.is_empty())
-    }
-
-    /// One reconcile pass.
+    /// One reconcile pass: observe, plan and execute until the plan is empty.
     pub async fn pass(&mut self) -> Result<(), ReconcileError> {
-        self.track_failsafe();
-        let containers = self.managed().await?;
-        self.learn_fences(&containers);
-        let Some(desired) = self.effective_desired() else {
-            // Not heard from the coordinator yet: adopt what runs and report it, change nothing.
-            self.adopt_replica(&containers).await;
-            self.publish_runs(&containers, &[]);
-            return Ok(());
-        };
-        let leases = self.honoured(&desired.leases);
-        let told_for = Duration::from_millis(desired.lease_ttl_ms);
-        for (id, f) in &mut self.start_failures {
-            if desired.leases.iter().any(|l| l.lease_id == *id) {
-                f.unlisted_since = None;
-            } else {
-                f.unlisted_since.get_or_insert_with(Instant::now);
+        self.mem.unremovable.clear();
+        let mut changed = self.shared.subscribe_desired();
+        let heard = self.shared.desired();
+        for round in 0..MAX_ROUNDS {
+            let heard = self.shared.desired();
+            let since_contact = self.shared.since_contact();
+            if let Some(d) = &heard
+                && let Some(alarm) = failsafe::track(&self.cfg, d, since_contact, &mut self.mem)
+            {
+                self.alarm(alarm, d);
+            }
+            let expired: Vec<u64> = self.mem.void.keys().copied().collect();
+            if self.shared.observed().expired_leases != expired {
+                self.shared.update(|o| o.expired_leases = expired);
+            }
+            let desired = heard
+                .as_ref()
+                .map(|d| failsafe::effective(&self.cfg, d, since_contact, &self.mem));
+
+            let obs = self.observe().await?;
+            self.mem.learn_fences(&obs.containers);
+            let leases = match &desired {
+                Some(d) => self.honoured(d, round == 0),
+                None => Vec::new(),
+            };
+            if let Some(d) = &desired {
+                self.mem.track_start_failures(d, Instant::now());
+            }
+            self.capture(&obs.containers, &leases).await;
+            self.publish_runs(&obs.containers, &leases);
+            self.shared
+                .update(|o| o.replica_url = obs.replica.as_ref().and_then(|p| p.url.clone()));
+
+            let steps = plan::plan(
+                &self.cfg,
+                desired.as_ref(),
+                &leases,
+                &obs,
+                &self.mem,
+                Instant::now(),
+            );
+            if steps.is_empty() {
+                break;
+            }
+            // Removing finished containers is the last thing a pass does: what they reported
+            // stays published until the next pass.
+            let last = steps.iter().all(|s| matches!(s, Step::Remove(_)));
+            let wait = self.execute(steps).await?;
+            if last {
+                break;
+            }
+            if wait {
+                tokio::select! {
+                    () = tokio::time::sleep(POLL) => {}
+                    // A new desired state is planned for at once.
+                    _ = changed.changed() => {}
+                }
+            }
+            if round + 1 == MAX_ROUNDS {
+                tracing::error!(node = %self.node(), "reconcile pass made no progress; ending it");
             }
         }
-        self.start_failures
-            .retain(|_, f| f.unlisted_since.is_none_or(|t| t.elapsed() < told_for));
-        self.capture(&containers, &leases).await;
-        self.publish_runs(&containers, &leases);
-
-        // Jobs whose lease is gone are stopped first: their GPUs go back before anything else.
-        let unleased: Vec<&Container> = jobs(&containers)
-            .filter(|c| !leases.iter().any(|l| Some(l.lease_id) == lease_of(c)))
-            .collect();
-        let serve = desired.serve && leases.is_empty();
-        self.stop_unleased(&unleased, serve).await?;
-
-        let containers = self.managed().await?;
-        if serve {
-            self.reclaim(&containers).await?;
-        } else {
-            self.drain(&containers).await?;
-            let containers = self.managed().await?;
-            if matches!(
-                self.shared.observed().replica,
-                ReplicaState::Stopped | ReplicaState::Sleeping
-            ) {
-                self.start_jobs(&containers, &leases).await?;
-            }
+        if let Some(d) = heard {
+            self.shared.update(|o| o.applied_version = d.version);
         }
-        // Report what ended before forgetting it: a removed container's exit is still told.
-        let containers = self.managed().await?;
-        self.capture(&containers, &leases).await;
-        self.publish_runs(&containers, &leases);
-        self.remove_finished(&containers, &leases).await;
-        self.shared.update(|o| o.applied_version = desired.version);
         Ok(())
     }
 
@@ -196,113 +193,231 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         self.engine.list(&filter).await
     }
 
-    fn learn_fences(&mut self, containers: &[Container]) {
-        for c in jobs(containers) {
-            let epoch = label_u64(c, labels::EPOCH).unwrap_or(0);
-            for gpu in gpus_of(c) {
-                let e = self.fenced.entry(gpu).or_default();
-                *e = (*e).max(epoch);
+    /// Reads the host: containers, GPU memory, the running replica's vLLM, the checkpoint
+    /// volume.
+    async fn observe(&self) -> Result<Observation, ReconcileError> {
+        let containers = self.managed().await?;
+        let gpus = self.gpus.inventory()?.iter().map(|g| g.index).collect();
+        let gpu_memory = match self.gpus.status() {
+            Ok(status) => Some(
+                status
+                    .iter()
+                    .map(|s| (s.index, s.memory_used_bytes))
+                    .collect(),
+            ),
+            Err(e) => {
+                tracing::warn!(node = %self.node(), error = %e, "reading gpu memory failed");
+                None
             }
-        }
+        };
+        let replica =
+            match plan::replica(&containers).filter(|c| c.state == ContainerState::Running) {
+                Some(c) => Some(self.probe(c).await),
+                None => None,
+            };
+        let checkpoint_free_bytes = self
+            .host
+            .facts(&self.cfg.work_dir)
+            .checkpoint_volume_free_bytes;
+        Ok(Observation {
+            containers,
+            gpus,
+            gpu_memory,
+            replica,
+            checkpoint_free_bytes,
+        })
     }
 
-    /// The leases to act on: those not older than an epoch already honoured on their GPUs.
-    fn honoured(&self, leases: &[LeaseGrant]) -> Vec<LeaseGrant> {
-        leases
-            .iter()
-            .filter(|l| {
-                let stale = l.gpus.iter().find_map(|g| {
-                    self.fenced
-                        .get(g)
-                        .filter(|&&e| l.epoch < e)
-                        .map(|e| (*g, *e))
-                });
-                if let Some((gpu, seen)) = stale {
-                    tracing::warn!(
-                        node = %self.node(), lease.id = l.lease_id, lease.epoch = l.epoch,
-                        gpu, seen, "refusing a stale lease: a newer epoch holds this gpu"
-                    );
-                }
-                stale.is_none()
-            })
-            .cloned()
-            .collect()
+    async fn probe(&self, c: &Container) -> ReplicaProbe {
+        let url = crate::replica::url(&self.cfg, c);
+        let mut probe = ReplicaProbe {
+            container_id: c.id.clone(),
+            url: url.clone(),
+            health: crate::serving::Health::Unreachable,
+            requests_running: None,
+            requests_waiting: None,
+            is_sleeping: None,
+            sleep_state: None,
+        };
+        if let Some(u) = &url {
+            probe.health = self.serving.health(u).await;
+            let s = self.serving.signals(u).await;
+            probe.requests_running = s.requests_running;
+            probe.requests_waiting = s.requests_waiting;
+            probe.sleep_state = s.sleep_state;
+            probe.is_sleeping = self.serving.is_sleeping(u).await;
+        }
+        probe
     }
 
-    /// Sends each unleased running job its checkpoint signal, waits its grace, kills it.
-    async fn stop_unleased(
-        &mut self,
-        unleased: &[&Container],
-        reclaiming: bool,
-    ) -> Result<(), ReconcileError> {
-        let running: Vec<&Container> = unleased
-            .iter()
-            .copied()
-            .filter(|c| c.state == ContainerState::Running)
-            .collect();
-        if running.is_empty() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        self.shared.set_ready(false);
-        for c in &running {
-            self.stopped.insert(c.id.clone());
-        }
-        self.mark_stopping(&running);
-        let stops = running.iter().map(|c| {
-            let grace = Duration::from_secs(label_u64(c, GRACE_LABEL).unwrap_or(30));
-            tracing::info!(node = %self.node(), container = %c.name, grace_s = grace.as_secs(), "stopping job");
-            self.engine.stop(&c.id, grace)
-        });
-        for result in futures_util::future::join_all(stops).await {
-            result?;
-        }
-        if reclaiming {
-            self.shared.record_phase(
-                nightshift_common::SequenceKind::Reclaim,
-                "stop_jobs",
-                started,
+    /// The leases to act on; stale ones are refused (and said so when `loud`).
+    fn honoured(&self, desired: &DesiredNode, loud: bool) -> Vec<LeaseGrant> {
+        let (ok, stale) = plan::honoured(&desired.leases, &self.mem.fenced);
+        for s in stale.iter().filter(|_| loud) {
+            tracing::warn!(
+                node = %self.node(), lease.id = s.lease_id, lease.epoch = s.epoch,
+                gpu = s.gpu, seen = s.seen, "refusing a stale lease: a newer epoch holds this gpu"
             );
         }
-        Ok(())
+        ok
     }
 
-    fn mark_stopping(&self, running: &[&Container]) {
-        let leases: HashSet<u64> = running.iter().filter_map(|c| lease_of(c)).collect();
+    fn alarm(&self, alarm: Alarm, desired: &DesiredNode) {
+        match alarm {
+            Alarm::Disabled { silent, leases } => tracing::error!(
+                node = %self.node(), silent_s = silent.as_secs_f64(), leases = ?leases,
+                "coordinator silent past the lease ttl and the fail-safe is disabled: jobs keep running on expired leases"
+            ),
+            Alarm::Acting {
+                silent,
+                limit,
+                leases,
+            } => tracing::error!(
+                node = %self.node(), silent_s = silent.as_secs_f64(),
+                limit_s = limit.as_secs_f64(), leases = ?leases, desired.version = desired.version,
+                "FAIL-SAFE: the coordinator is silent and these leases expired; checkpointing and stopping their jobs and serving again"
+            ),
+            Alarm::Back { void } => tracing::warn!(
+                node = %self.node(), void = ?void,
+                "coordinator answers again; reporting the leases the fail-safe stopped"
+            ),
+        }
+    }
+
+    /// Runs the plan's steps in order; true when it ends waiting.
+    async fn execute(&mut self, steps: Vec<Step>) -> Result<bool, ReconcileError> {
+        for step in steps {
+            match step {
+                Step::Replica(event) => {
+                    self.mem.replica = self.shared.replica_event(event)?;
+                }
+                Step::Enter(phase) => self.mem.phase = phase.map(|p| (p, Instant::now())),
+                Step::Record {
+                    sequence,
+                    phase,
+                    began,
+                } => self.shared.record_phase(sequence, phase, began),
+                Step::StopJobs { jobs, reclaim } => self.stop_jobs(&jobs, reclaim).await?,
+                Step::StopReplica { id, grace } => {
+                    let t = Instant::now();
+                    self.engine.stop(&id, grace).await?;
+                    self.mem.replica = self.shared.replica_event(ReplicaEvent::Stopped)?;
+                    self.shared.update(|o| o.replica_url = None);
+                    self.shared
+                        .record_phase(SequenceKind::Drain, "stop_replica", t);
+                }
+                Step::SleepReplica { url } => {
+                    let t = Instant::now();
+                    let level = self.cfg.replica.sleep_level;
+                    let timeout = Duration::from_secs_f64(self.cfg.replica.sleep_timeout_s);
+                    if let Err(e) = self.serving.sleep(&url, level, timeout).await {
+                        tracing::warn!(node = %self.node(), error = %e, "vllm sleep failed; stopping the replica instead");
+                        self.mem.phase = Some((Phase::StopInstead, Instant::now()));
+                        return Ok(false);
+                    }
+                    self.shared
+                        .record_phase(SequenceKind::Drain, "sleep_replica", t);
+                }
+                Step::WakeReplica { url } => {
+                    let timeout = Duration::from_secs_f64(self.cfg.health_timeout_s);
+                    self.serving
+                        .wake_up(&url, timeout)
+                        .await
+                        .map_err(ReconcileError::Wake)?;
+                    tracing::info!(node = %self.node(), url, "replica woken");
+                }
+                Step::StartReplica => self.start_replica().await?,
+                Step::StartJobs(leases) => self.start_jobs(&leases).await?,
+                Step::FailStart { lease, message } => {
+                    tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
+                    self.mem
+                        .start_failures
+                        .insert(lease.lease_id, StartFailure::new(&lease, message));
+                }
+                Step::Remove(c) => self.remove(&c).await,
+                Step::Note(note) => self.note(note),
+                Step::GiveUp(stuck) => return Err(stuck.into()),
+                Step::Wait => return Ok(true),
+            }
+        }
+        Ok(false)
+    }
+
+    fn note(&self, note: Note) {
+        let node = self.node();
+        match note {
+            Note::DrainAbandoned => {
+                tracing::info!(node = %node, "drain abandoned: the node serves again")
+            }
+            Note::DrainTimeout { running, waiting } => tracing::warn!(
+                node = %node, running = ?running, waiting = ?waiting,
+                "drain timeout: stopping the replica with requests in flight"
+            ),
+            Note::ReplicaUnreachable => {
+                tracing::warn!(node = %node, "replica unreachable while draining; stopping it")
+            }
+            Note::NotAsleep => tracing::warn!(
+                node = %node, "vllm does not report sleeping; stopping the replica instead"
+            ),
+            Note::SleepFreedTooLittle { limit } => tracing::warn!(
+                node = %node, limit_bytes = limit,
+                "sleeping freed too little gpu memory; stopping the replica instead"
+            ),
+        }
+    }
+
+    /// Sends each job its checkpoint signal, waits its grace, kills it; all at once.
+    async fn stop_jobs(&mut self, jobs: &[StopJob], reclaim: bool) -> Result<(), ReconcileError> {
+        let started = Instant::now();
+        for j in jobs {
+            self.mem.stopped.insert(j.id.clone());
+        }
+        let leases: HashSet<u64> = jobs.iter().filter_map(|j| j.lease_id).collect();
         self.shared.update(|o| {
             for r in o.runs.iter_mut().filter(|r| leases.contains(&r.lease_id)) {
                 r.state = JobRunState::Stopping;
             }
         });
+        let stops = jobs.iter().map(|j| {
+            tracing::info!(node = %self.node(), container = %j.id, grace_s = j.grace.as_secs(), "stopping job");
+            self.engine.stop(&j.id, j.grace)
+        });
+        for result in futures_util::future::join_all(stops).await {
+            result?;
+        }
+        if reclaim {
+            self.shared
+                .record_phase(SequenceKind::Reclaim, "stop_jobs", started);
+        }
+        Ok(())
     }
 
-    /// Starts a container for each honoured lease that has none yet.
-    async fn start_jobs(
-        &mut self,
-        containers: &[Container],
-        leases: &[LeaseGrant],
-    ) -> Result<(), ReconcileError> {
-        let missing: Vec<&LeaseGrant> = leases
-            .iter()
-            .filter(|l| !jobs(containers).any(|c| lease_of(c) == Some(l.lease_id)))
-            .filter(|l| !self.start_failures.contains_key(&l.lease_id))
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let gpus: Vec<u32> = missing
-            .iter()
-            .flat_map(|l| l.gpus.iter().copied())
-            .collect();
-        self.confirm_free(&gpus, self.free_limit()).await?;
-        let started = Instant::now();
-        for lease in missing {
-            if let Some(message) = self.checkpoint_volume_short() {
-                tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
-                self.start_failures
-                    .insert(lease.lease_id, StartFailure::new(lease, message));
-                continue;
+    async fn start_replica(&mut self) -> Result<(), ReconcileError> {
+        let t = Instant::now();
+        let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
+        let spec = crate::replica::container_spec(&self.cfg, self.node(), self.gpus.access(&all));
+        let id = match self.engine.run(&spec).await {
+            Ok(id) => id,
+            Err(e) => {
+                self.mem.replica = self.shared.replica_event(ReplicaEvent::Failed)?;
+                self.mem.phase = None;
+                return Err(e.into());
             }
+        };
+        let c = self.engine.inspect(&id).await?;
+        let url = crate::replica::url(&self.cfg, &c);
+        self.mem.replica = self.shared.replica_event(ReplicaEvent::Started)?;
+        self.shared.update(|o| o.replica_url = url.clone());
+        self.shared
+            .record_phase(SequenceKind::Reclaim, "start_replica", t);
+        tracing::info!(node = %self.node(), container = %id, url = ?url, "replica started");
+        Ok(())
+    }
+
+    /// Starts a container for each lease, each in its own checkpoint directory.
+    async fn start_jobs(&mut self, leases: &[LeaseGrant]) -> Result<(), ReconcileError> {
+        let started = Instant::now();
+        for lease in leases {
             // This attempt's own checkpoint directory, seeded from the newest earlier one's.
             let mut dirs = JobDirs::attempt(&self.cfg.work_dir, lease.job_id, lease.epoch);
             dirs.seed()
@@ -319,7 +434,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 &self.cfg.rendezvous_bind_ip,
             );
             for g in &lease.gpus {
-                self.fenced.insert(*g, lease.epoch);
+                self.mem.fenced.insert(*g, lease.epoch);
             }
             match self.engine.run(&spec).await {
                 Ok(id) => tracing::info!(
@@ -333,108 +448,33 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
                         error = %e, "job cannot start"
                     );
-                    self.start_failures
+                    self.mem
+                        .start_failures
                         .insert(lease.lease_id, StartFailure::new(lease, e.to_string()));
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        self.shared.record_phase(
-            nightshift_common::SequenceKind::Drain,
-            "start_jobs",
-            started,
-        );
+        self.shared
+            .record_phase(SequenceKind::Drain, "start_jobs", started);
         Ok(())
     }
 
-    /// Why no job may start for lack of checkpoint space, if so.
-    fn checkpoint_volume_short(&self) -> Option<String> {
-        let floor = self.cfg.checkpoint_min_free_bytes;
-        let free = self
-            .host
-            .facts(&self.cfg.work_dir)
-            .checkpoint_volume_free_bytes?;
-        (free < floor).then(|| {
-            format!(
-                "the checkpoint volume of {} has {free} bytes free, below the floor of {floor} (checkpoint_min_free_bytes)",
-                self.cfg.work_dir.display()
-            )
-        })
-    }
-
-    /// How much memory a GPU may still hold and count as free: a sleeping replica keeps its
-    /// CUDA context.
-    pub(crate) fn free_limit(&self) -> u64 {
-        if self.shared.observed().replica == ReplicaState::Sleeping {
-            self.cfg.replica.sleep_max_used_bytes
-        } else {
-            self.cfg.free_memory_bytes
+    /// Keeps a finished job's output, then removes its container.
+    async fn remove(&mut self, c: &Container) {
+        // Its output outlives it: `nightshift logs` answers from the kept copy.
+        if let Err(e) = crate::logs::archive(&*self.engine, &self.cfg.work_dir, c).await {
+            tracing::warn!(node = %self.node(), container = %c.name, error = %e, "keeping a finished job's output failed");
         }
-    }
-
-    /// Waits until NVML shows at most `limit` bytes used on each of `gpus`, up to the
-    /// configured timeout.
-    pub(crate) async fn confirm_free(
-        &self,
-        gpus: &[u32],
-        limit: u64,
-    ) -> Result<(), ReconcileError> {
-        self.wait_free(
-            gpus,
-            limit,
-            Duration::from_secs_f64(self.cfg.free_timeout_s),
-        )
-        .await
-    }
-
-    pub(crate) async fn wait_free(
-        &self,
-        gpus: &[u32],
-        limit: u64,
-        timeout: Duration,
-    ) -> Result<(), ReconcileError> {
-        let started = Instant::now();
-        loop {
-            let status = self.gpus.status()?;
-            let busy: Vec<u32> = status
-                .iter()
-                .filter(|s| gpus.contains(&s.index) && s.memory_used_bytes > limit)
-                .map(|s| s.index)
-                .collect();
-            if busy.is_empty() {
-                return Ok(());
-            }
-            if started.elapsed() >= timeout {
-                return Err(ReconcileError::GpusBusy {
-                    gpus: busy,
-                    waited: timeout,
-                });
-            }
-            tokio::time::sleep(POLL).await;
+        if let Err(e) = self.engine.remove(&c.id).await {
+            tracing::warn!(node = %self.node(), container = %c.name, error = %e, "removing a finished job failed");
+            self.mem.unremovable.insert(c.id.clone());
+            return;
         }
-    }
-
-    /// Removes exited job containers whose lease the coordinator no longer lists: it has
-    /// seen them end (or revoked them, and counts them gone).
-    async fn remove_finished(&mut self, containers: &[Container], leases: &[LeaseGrant]) {
-        for c in jobs(containers) {
-            let leased = leases.iter().any(|l| Some(l.lease_id) == lease_of(c));
-            if leased || !matches!(c.state, ContainerState::Exited { .. }) {
-                continue;
-            }
-            // Its output outlives it: `nightshift logs` answers from the kept copy.
-            if let Err(e) = crate::logs::archive(&*self.engine, &self.cfg.work_dir, c).await {
-                tracing::warn!(node = %self.node(), container = %c.name, error = %e, "keeping a finished job's output failed");
-            }
-            if let Err(e) = self.engine.remove(&c.id).await {
-                tracing::warn!(node = %self.node(), container = %c.name, error = %e, "removing a finished job failed");
-                continue;
-            }
-            self.stopped.remove(&c.id);
-            self.outputs.remove(&c.id);
-            if let Some(lease) = lease_of(c) {
-                self.start_failures.remove(&lease);
-            }
+        self.mem.stopped.remove(&c.id);
+        self.outputs.remove(&c.id);
+        if let Some(lease) = lease_of(c) {
+            self.mem.start_failures.remove(&lease);
         }
     }
 
@@ -443,7 +483,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         let mut runs = Vec::new();
         for lease in leases {
             let container = jobs(containers).find(|c| lease_of(c) == Some(lease.lease_id));
-            let state = match (container, self.start_failures.get(&lease.lease_id)) {
+            let state = match (container, self.mem.start_failures.get(&lease.lease_id)) {
                 (Some(c), _) => self.run_state(c),
                 (None, Some(f)) => f.run.state.clone(),
                 (None, None) => JobRunState::Pending,
@@ -487,7 +527,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         }
         // So are the start failures of leases taken back before the coordinator heard.
         runs.extend(
-            self.start_failures
+            self.mem
+                .start_failures
                 .values()
                 .filter(|f| f.unlisted_since.is_some())
                 .filter(|f| !runs.iter().any(|r| r.lease_id == f.run.lease_id))
@@ -501,14 +542,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         match c.state {
             ContainerState::Created => JobRunState::Pending,
             ContainerState::Running | ContainerState::Transitioning
-                if self.stopped.contains(&c.id) =>
+                if self.mem.stopped.contains(&c.id) =>
             {
                 JobRunState::Stopping
             }
             ContainerState::Running | ContainerState::Transitioning => JobRunState::Running,
             ContainerState::Exited { exit_code } => JobRunState::Exited {
                 exit_code,
-                stopped_by_agent: self.stopped.contains(&c.id),
+                stopped_by_agent: self.mem.stopped.contains(&c.id),
             },
         }
     }
@@ -543,33 +584,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             .or_insert_with(|| job::read_outputs(&JobDirs::new(&self.cfg.work_dir, job_id).outputs))
             .clone()
     }
-}
-
-pub(crate) fn jobs(containers: &[Container]) -> impl Iterator<Item = &Container> {
-    containers
-        .iter()
-        .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_JOB))
-}
-
-pub(crate) fn replica(containers: &[Container]) -> Option<&Container> {
-    containers
-        .iter()
-        .find(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_REPLICA))
-}
-
-fn label_u64(c: &Container, key: &str) -> Option<u64> {
-    c.labels.get(key)?.parse().ok()
-}
-
-fn lease_of(c: &Container) -> Option<u64> {
-    label_u64(c, labels::LEASE_ID)
-}
-
-fn gpus_of(c: &Container) -> Vec<u32> {
-    c.labels
-        .get(labels::GPUS)
-        .map(|g| g.split(',').filter_map(|s| s.parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -1,16 +1,17 @@
 //! What the agent's tasks share: the desired state from the coordinator, what the reconcile
-//! loop last observed, the readiness flag the load balancer polls, the phase log, and the
-//! agent's own metrics.
+//! loop last observed (the replica's state among it, from which the load balancer's
+//! readiness is derived), the phase log, and the agent's own metrics.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nightshift_common::{DesiredNode, JobRun, PhaseRecord, ReplicaState, SequenceKind, UnixMillis};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::lifecycle::{IllegalMove, ReplicaEvent};
 use crate::telemetry::Telemetry;
 
 /// Phases kept for heartbeats; the coordinator deduplicates by `seq`.
@@ -18,6 +19,7 @@ const PHASES_SENT: usize = 32;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
+    /// Written only by [`Shared::replica_event`], through the replica's transition function.
     pub replica: ReplicaState,
     /// Where the replica answers, once its container runs.
     pub replica_url: Option<String>,
@@ -29,7 +31,6 @@ pub struct Observed {
 
 pub struct Shared {
     pub node: String,
-    ready: AtomicBool,
     observed: Mutex<Observed>,
     phases: Mutex<VecDeque<PhaseRecord>>,
     next_seq: AtomicU64,
@@ -66,7 +67,6 @@ impl Shared {
     pub fn new(node: &str) -> Self {
         Self {
             node: node.to_owned(),
-            ready: AtomicBool::new(false),
             observed: Mutex::new(Observed {
                 replica: ReplicaState::Stopped,
                 replica_url: None,
@@ -83,16 +83,30 @@ impl Shared {
         }
     }
 
-    /// Whether the load balancer may send requests to this node's replica.
+    /// Whether the load balancer may send requests to this node's replica: only while it
+    /// serves (not starting, draining, asleep or stopped).
     pub fn ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        crate::lifecycle::ready(self.observed().replica)
     }
 
-    pub fn set_ready(&self, ready: bool) {
+    /// Moves the replica's state by `event` through its transition function, the only way it
+    /// changes; readiness follows.
+    pub fn replica_event(&self, event: ReplicaEvent) -> Result<ReplicaState, IllegalMove> {
+        let (from, to) = {
+            let mut o = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+            let from = o.replica;
+            o.replica = crate::lifecycle::apply(from, event)?;
+            (from, o.replica)
+        };
+        let ready = crate::lifecycle::ready(to);
         self.telemetry.ready(ready);
-        if self.ready.swap(ready, Ordering::SeqCst) != ready {
+        if from != to {
+            tracing::info!(node = %self.node, from = from.as_str(), to = to.as_str(), "replica state changed");
+        }
+        if crate::lifecycle::ready(from) != ready {
             tracing::info!(node = %self.node, ready, "readiness changed");
         }
+        Ok(to)
     }
 
     pub fn observed(&self) -> Observed {

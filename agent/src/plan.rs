@@ -1,0 +1,502 @@
+//! The agent's planner: what to do next, decided from what the node should be (the desired
+//! state), what the executor just read from the host (an [`Observation`]) and what the agent
+//! remembers across passes (its [`Memory`]), at a time it is given.
+//!
+//! [`plan`] is a pure function: no I/O, no clock, no async. It returns [`Step`]s for the
+//! executor (`reconcile.rs`) to run against the ports. A wait in a sequence (the readiness
+//! grace, in-flight requests reaching 0, GPU memory freeing, `/health`, the sleep, the
+//! timeouts) is a [`Phase`] remembered with when it began: the planner says [`Step::Wait`]
+//! until its condition holds or its deadline passes, and is asked again a poll later, so a
+//! desired state that changes in the middle of a drain is simply the next plan's input. The
+//! sequences themselves are in `drain.rs` (lend the node) and `reclaim.rs` (serve again); the
+//! fail-safe's decisions in `failsafe.rs`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use nightshift_common::labels;
+use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
+use tokio::time::Instant;
+
+use crate::config::AgentConfig;
+use crate::engine::{Container, ContainerState};
+use crate::job::GRACE_LABEL;
+use crate::lifecycle::ReplicaEvent;
+use crate::serving::Health;
+
+/// What the executor read from the host in this round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// Every container this agent manages on the host.
+    pub containers: Vec<Container>,
+    /// Every GPU of the host, by index.
+    pub gpus: Vec<u32>,
+    /// Memory in use per GPU; `None` when NVML did not answer this time.
+    pub gpu_memory: Option<BTreeMap<u32, u64>>,
+    /// The running replica container's vLLM, as probed; `None` when none runs.
+    pub replica: Option<ReplicaProbe>,
+    /// Free bytes on the volume of the job checkpoints, when known.
+    pub checkpoint_free_bytes: Option<u64>,
+}
+
+/// The running replica's vLLM as probed this round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaProbe {
+    pub container_id: String,
+    /// Where it answers; `None` while its port is not bound.
+    pub url: Option<String>,
+    pub health: Health,
+    pub requests_running: Option<f64>,
+    pub requests_waiting: Option<f64>,
+    /// `/is_sleeping`; `None` when it did not answer.
+    pub is_sleeping: Option<bool>,
+    /// `vllm:engine_sleep_state`.
+    pub sleep_state: Option<String>,
+}
+
+impl ReplicaProbe {
+    /// `/is_sleeping`, or the metrics page's `vllm:engine_sleep_state` when that endpoint
+    /// does not answer.
+    pub fn says_asleep(&self) -> bool {
+        match self.is_sleeping {
+            Some(asleep) => asleep,
+            None => self.sleep_state.as_deref().is_some_and(|s| s != "awake"),
+        }
+    }
+}
+
+/// A lease whose container could not be started. It is reported while its lease is listed,
+/// and for a lease TTL after (a reclaim may take the lease back before the coordinator has
+/// heard): the attempt fails, it is not taken for a preemption.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartFailure {
+    /// The run reported: the lease's job, attempt, epoch, GPUs and why.
+    pub run: JobRun,
+    /// Since when the desired state no longer lists the lease.
+    pub unlisted_since: Option<Instant>,
+}
+
+impl StartFailure {
+    pub fn new(lease: &LeaseGrant, message: String) -> Self {
+        Self {
+            run: JobRun {
+                job_id: lease.job_id,
+                attempt: lease.attempt,
+                lease_id: lease.lease_id,
+                epoch: lease.epoch,
+                gpus: lease.gpus.clone(),
+                state: JobRunState::FailedToStart { message },
+                last_checkpoint_at: None,
+                outputs: BTreeMap::new(),
+                image_id: None,
+            },
+            unlisted_since: None,
+        }
+    }
+}
+
+/// A wait inside a sequence, remembered with when it began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Drain: not-ready, waiting out the readiness grace.
+    MarkNotReady,
+    /// Drain: waiting for no request running and none waiting, or the drain timeout.
+    WaitInFlight,
+    /// Drain, sleep mode: vLLM was told to sleep; waiting for NVML to show the memory gone.
+    ConfirmAsleep,
+    /// Drain, sleep mode: the sleep failed; the replica is stopped instead.
+    StopInstead,
+    /// Drain: the replica stopped; waiting for NVML to show its GPUs free.
+    ConfirmStopped,
+    /// Waiting for the leased GPUs to be free before jobs start.
+    ConfirmFreeForJobs,
+    /// Reclaim: waiting for the GPUs to be free before the replica starts.
+    ConfirmFreeForReplica,
+    /// Reclaim, sleep mode: waiting for the jobs' memory to go before waking vLLM.
+    ConfirmFreeForWake,
+    /// Reclaim, sleep mode: vLLM was told to wake; waiting until it no longer sleeps.
+    WakeReplica,
+    /// Waiting for `/health` to answer 200.
+    WaitHealth,
+}
+
+/// What the agent remembers across passes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Memory {
+    /// The replica's state; it changes only through [`crate::lifecycle::apply`].
+    pub replica: ReplicaState,
+    /// Highest fencing epoch honoured per GPU; a lease below it is stale and refused.
+    pub fenced: HashMap<u32, u64>,
+    /// Containers this agent stopped (reclaim, cancel), as opposed to ones that exited alone.
+    pub stopped: HashSet<String>,
+    /// Leases whose container could not be started, with why.
+    pub start_failures: HashMap<u64, StartFailure>,
+    /// Leases the fail-safe stopped (id → epoch): refused until the coordinator drops them.
+    pub void: BTreeMap<u64, u64>,
+    /// A silence already logged (the fail-safe is loud once, not every pass).
+    pub silence_logged: bool,
+    /// The wait the current sequence is in, and since when.
+    pub phase: Option<(Phase, Instant)>,
+    /// Finished containers whose removal failed in this pass (tried again next pass).
+    pub unremovable: HashSet<String>,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Self {
+            replica: ReplicaState::Stopped,
+            fenced: HashMap::new(),
+            stopped: HashSet::new(),
+            start_failures: HashMap::new(),
+            void: BTreeMap::new(),
+            silence_logged: false,
+            phase: None,
+            unremovable: HashSet::new(),
+        }
+    }
+}
+
+impl Memory {
+    /// The phase's start, when the sequence is in `phase`.
+    pub fn since(&self, phase: Phase) -> Option<Instant> {
+        self.phase.filter(|(p, _)| *p == phase).map(|(_, t)| t)
+    }
+
+    /// Learns the epochs of the jobs running on each GPU.
+    pub fn learn_fences(&mut self, containers: &[Container]) {
+        for c in jobs(containers) {
+            let epoch = label_u64(c, labels::EPOCH).unwrap_or(0);
+            for gpu in gpus_of(c) {
+                let e = self.fenced.entry(gpu).or_default();
+                *e = (*e).max(epoch);
+            }
+        }
+    }
+
+    /// Notes which start failures' leases the coordinator no longer lists, and forgets those
+    /// unlisted for a lease TTL.
+    pub fn track_start_failures(&mut self, desired: &DesiredNode, now: Instant) {
+        let ttl = Duration::from_millis(desired.lease_ttl_ms);
+        for (id, f) in &mut self.start_failures {
+            if desired.leases.iter().any(|l| l.lease_id == *id) {
+                f.unlisted_since = None;
+            } else {
+                f.unlisted_since.get_or_insert(now);
+            }
+        }
+        self.start_failures
+            .retain(|_, f| f.unlisted_since.is_none_or(|t| now.duration_since(t) < ttl));
+    }
+}
+
+/// Something the executor does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Something happened to the replica: its state moves.
+    Replica(ReplicaEvent),
+    /// The sequence enters `Phase` (stamped when the step runs); `None` ends it.
+    Enter(Option<Phase>),
+    /// Records a finished phase of a sequence, begun at `began`.
+    Record {
+        sequence: SequenceKind,
+        phase: &'static str,
+        began: Instant,
+    },
+    /// Sends these jobs their checkpoint signal and kills each after its grace, all at once;
+    /// records `stop_jobs` when `reclaim`.
+    StopJobs { jobs: Vec<StopJob>, reclaim: bool },
+    /// Stops the replica container (its SIGTERM, then the kill after `grace`); records
+    /// `stop_replica`.
+    StopReplica { id: String, grace: Duration },
+    /// Puts vLLM to sleep; records `sleep_replica`. When it fails, the sequence enters
+    /// [`Phase::StopInstead`] and the rest of the plan is dropped.
+    SleepReplica { url: String },
+    /// Tells vLLM to wake up.
+    WakeReplica { url: String },
+    /// Starts the replica's container on every GPU; records `start_replica`.
+    StartReplica,
+    /// Starts a container for each lease (its own checkpoint directory, fenced GPUs);
+    /// records `start_jobs`.
+    StartJobs(Vec<LeaseGrant>),
+    /// The lease's job cannot start, for this reason: reported as failed to start.
+    FailStart {
+        lease: Box<LeaseGrant>,
+        message: String,
+    },
+    /// Keeps a finished job's output, then removes its container.
+    Remove(Container),
+    /// Worth saying in the log.
+    Note(Note),
+    /// The sequence cannot go on: it ends with this error, and starts over next pass.
+    GiveUp(Stuck),
+    /// Looks again after a poll interval (or as soon as the desired state changes).
+    Wait,
+}
+
+/// A job container to stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopJob {
+    pub id: String,
+    pub lease_id: Option<u64>,
+    /// Between its checkpoint signal and the kill: its `GRACE_LABEL`, else 30 s.
+    pub grace: Duration,
+}
+
+/// What the planner wants logged.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Note {
+    DrainAbandoned,
+    DrainTimeout {
+        running: Option<f64>,
+        waiting: Option<f64>,
+    },
+    ReplicaUnreachable,
+    NotAsleep,
+    SleepFreedTooLittle {
+        limit: u64,
+    },
+}
+
+/// Why a sequence gave up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stuck {
+    GpusBusy { gpus: Vec<u32>, waited: Duration },
+    HealthTimeout(Duration),
+}
+
+/// The steps that bring the host towards `desired` (already stripped of void leases and
+/// stale ones by the executor: see [`honoured`] and `failsafe::effective`), given what was
+/// observed and what is remembered, at `now`. No step means the host matches.
+pub fn plan(
+    cfg: &AgentConfig,
+    desired: Option<&DesiredNode>,
+    leases: &[LeaseGrant],
+    obs: &Observation,
+    mem: &Memory,
+    now: Instant,
+) -> Vec<Step> {
+    let Some(desired) = desired else {
+        return adopt(obs, mem);
+    };
+    // Jobs whose lease is gone are stopped first: their GPUs go back before anything else.
+    let serve = desired.serve && leases.is_empty();
+    let unleased: Vec<StopJob> = jobs(&obs.containers)
+        .filter(|c| c.state == ContainerState::Running)
+        .filter(|c| !leases.iter().any(|l| Some(l.lease_id) == lease_of(c)))
+        .map(|c| StopJob {
+            id: c.id.clone(),
+            lease_id: lease_of(c),
+            grace: Duration::from_secs(label_u64(c, GRACE_LABEL).unwrap_or(30)),
+        })
+        .collect();
+    if !unleased.is_empty() {
+        return vec![Step::StopJobs {
+            jobs: unleased,
+            reclaim: serve,
+        }];
+    }
+    let steps = if serve {
+        crate::reclaim::plan(cfg, obs, mem, now)
+    } else {
+        match crate::drain::plan(cfg, obs, mem, now) {
+            steps if steps.is_empty() => start_jobs(cfg, leases, obs, mem, now),
+            steps => steps,
+        }
+    };
+    if !steps.is_empty() {
+        return steps;
+    }
+    remove_finished(leases, obs, mem)
+}
+
+/// Before the coordinator has answered: a replica that runs is adopted (serving when
+/// healthy, sleeping when asleep too, else starting); nothing else changes.
+fn adopt(obs: &Observation, mem: &Memory) -> Vec<Step> {
+    let Some(p) = &obs.replica else {
+        return Vec::new();
+    };
+    let healthy = p.health == Health::Healthy;
+    let event = ReplicaEvent::Adopted {
+        healthy,
+        asleep: healthy && p.is_sleeping == Some(true),
+    };
+    match crate::lifecycle::apply(mem.replica, event) {
+        Ok(to) if to != mem.replica => vec![Step::Replica(event)],
+        _ => Vec::new(),
+    }
+}
+
+/// Starts a container for each honoured lease that has none yet, once the replica is
+/// stopped or asleep and NVML shows the leased GPUs free.
+fn start_jobs(
+    cfg: &AgentConfig,
+    leases: &[LeaseGrant],
+    obs: &Observation,
+    mem: &Memory,
+    now: Instant,
+) -> Vec<Step> {
+    if !matches!(mem.replica, ReplicaState::Stopped | ReplicaState::Sleeping) {
+        return Vec::new();
+    }
+    let missing: Vec<&LeaseGrant> = leases
+        .iter()
+        .filter(|l| !jobs(&obs.containers).any(|c| lease_of(c) == Some(l.lease_id)))
+        .filter(|l| !mem.start_failures.contains_key(&l.lease_id))
+        .collect();
+    if missing.is_empty() {
+        return Vec::new();
+    }
+    let gpus: Vec<u32> = missing
+        .iter()
+        .flat_map(|l| l.gpus.iter().copied())
+        .collect();
+    // A sleeping replica keeps its CUDA context.
+    let limit = if mem.replica == ReplicaState::Sleeping {
+        cfg.replica.sleep_max_used_bytes
+    } else {
+        cfg.free_memory_bytes
+    };
+    let Some(began) = mem.since(Phase::ConfirmFreeForJobs) else {
+        return vec![Step::Enter(Some(Phase::ConfirmFreeForJobs))];
+    };
+    let timeout = Duration::from_secs_f64(cfg.free_timeout_s);
+    if let Some(stuck) = busy(obs, &gpus, limit, began, now, timeout) {
+        return stuck;
+    }
+    let mut steps = Vec::new();
+    let mut start = Vec::new();
+    for lease in missing {
+        match checkpoint_volume_short(cfg, obs) {
+            Some(message) => steps.push(Step::FailStart {
+                lease: Box::new(lease.clone()),
+                message,
+            }),
+            None => start.push(lease.clone()),
+        }
+    }
+    steps.push(Step::StartJobs(start));
+    steps.push(Step::Enter(None));
+    steps
+}
+
+/// Why no job may start for lack of checkpoint space, if so.
+fn checkpoint_volume_short(cfg: &AgentConfig, obs: &Observation) -> Option<String> {
+    let floor = cfg.checkpoint_min_free_bytes;
+    let free = obs.checkpoint_free_bytes?;
+    (free < floor).then(|| {
+        format!(
+            "the checkpoint volume of {} has {free} bytes free, below the floor of {floor} (checkpoint_min_free_bytes)",
+            cfg.work_dir.display()
+        )
+    })
+}
+
+/// Removes exited job containers whose lease the coordinator no longer lists: it has seen
+/// them end (or revoked them, and counts them gone).
+fn remove_finished(leases: &[LeaseGrant], obs: &Observation, mem: &Memory) -> Vec<Step> {
+    jobs(&obs.containers)
+        .filter(|c| matches!(c.state, ContainerState::Exited { .. }))
+        .filter(|c| !leases.iter().any(|l| Some(l.lease_id) == lease_of(c)))
+        .filter(|c| !mem.unremovable.contains(&c.id))
+        .map(|c| Step::Remove(c.clone()))
+        .collect()
+}
+
+/// While any of `gpus` holds more than `limit` bytes: a wait, or past `timeout` since
+/// `began`, giving up. `None` once they are all free.
+pub(crate) fn busy(
+    obs: &Observation,
+    gpus: &[u32],
+    limit: u64,
+    began: Instant,
+    now: Instant,
+    timeout: Duration,
+) -> Option<Vec<Step>> {
+    let busy: Vec<u32> = match &obs.gpu_memory {
+        Some(memory) => gpus
+            .iter()
+            .copied()
+            .filter(|g| memory.get(g).is_some_and(|used| *used > limit))
+            .collect(),
+        None => gpus.to_vec(),
+    };
+    if busy.is_empty() {
+        return None;
+    }
+    if now.duration_since(began) >= timeout {
+        return Some(vec![
+            Step::Enter(None),
+            Step::GiveUp(Stuck::GpusBusy {
+                gpus: busy,
+                waited: timeout,
+            }),
+        ]);
+    }
+    Some(vec![Step::Wait])
+}
+
+/// A stale lease: older than an epoch already honoured on one of its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stale {
+    pub lease_id: u64,
+    pub epoch: u64,
+    pub gpu: u32,
+    pub seen: u64,
+}
+
+/// The leases to act on (those not older than an epoch already honoured on their GPUs),
+/// and the stale ones refused.
+pub fn honoured(
+    leases: &[LeaseGrant],
+    fenced: &HashMap<u32, u64>,
+) -> (Vec<LeaseGrant>, Vec<Stale>) {
+    let mut ok = Vec::new();
+    let mut stale = Vec::new();
+    for l in leases {
+        let older = l
+            .gpus
+            .iter()
+            .find_map(|g| fenced.get(g).filter(|&&e| l.epoch < e).map(|e| (*g, *e)));
+        match older {
+            Some((gpu, seen)) => stale.push(Stale {
+                lease_id: l.lease_id,
+                epoch: l.epoch,
+                gpu,
+                seen,
+            }),
+            None => ok.push(l.clone()),
+        }
+    }
+    (ok, stale)
+}
+
+pub(crate) fn jobs(containers: &[Container]) -> impl Iterator<Item = &Container> {
+    containers
+        .iter()
+        .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_JOB))
+}
+
+/// The replica's container, running or not.
+pub(crate) fn replica(containers: &[Container]) -> Option<&Container> {
+    containers
+        .iter()
+        .find(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_REPLICA))
+}
+
+pub(crate) fn label_u64(c: &Container, key: &str) -> Option<u64> {
+    c.labels.get(key)?.parse().ok()
+}
+
+pub(crate) fn lease_of(c: &Container) -> Option<u64> {
+    label_u64(c, labels::LEASE_ID)
+}
+
+pub(crate) fn gpus_of(c: &Container) -> Vec<u32> {
+    c.labels
+        .get(labels::GPUS)
+        .map(|g| g.split(',').filter_map(|s| s.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;

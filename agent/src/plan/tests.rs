@@ -1,0 +1,466 @@
+//! The planner's key decisions, pure: no runtime, no fake, a time made up by the test.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use nightshift_common::{DesiredNode, JobSpec, LeaseGrant, ReplicaState, SequenceKind, labels};
+use tokio::time::Instant;
+
+use super::*;
+use crate::config::{AgentConfig, ReclaimMode};
+use crate::engine::{Container, ContainerState};
+use crate::lifecycle::ReplicaEvent;
+use crate::serving::Health;
+
+const GIB: u64 = 1 << 30;
+
+fn cfg() -> AgentConfig {
+    AgentConfig {
+        readiness_grace_s: 5.0,
+        drain_timeout_s: 120.0,
+        free_timeout_s: 30.0,
+        ..AgentConfig::default()
+    }
+}
+
+fn lease(lease_id: u64, epoch: u64, gpus: Vec<u32>) -> LeaseGrant {
+    LeaseGrant {
+        lease_id,
+        epoch,
+        job_id: lease_id,
+        attempt: 1,
+        job: JobSpec::new("j", "trainer:1", gpus.len() as u32),
+        gpus,
+        rendezvous: None,
+    }
+}
+
+fn desired(serve: bool, leases: &[LeaseGrant]) -> DesiredNode {
+    DesiredNode {
+        version: 1,
+        serve,
+        leases: leases.to_vec(),
+        lease_ttl_ms: 10_000,
+    }
+}
+
+fn job(id: &str, lease: &LeaseGrant, state: ContainerState) -> Container {
+    Container {
+        id: id.into(),
+        name: id.into(),
+        image: "trainer:1".into(),
+        image_id: None,
+        labels: BTreeMap::from([
+            (labels::ROLE.to_owned(), labels::ROLE_JOB.to_owned()),
+            (labels::LEASE_ID.to_owned(), lease.lease_id.to_string()),
+            (labels::EPOCH.to_owned(), lease.epoch.to_string()),
+            (
+                labels::GPUS.to_owned(),
+                lease
+                    .gpus
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            (crate::job::GRACE_LABEL.to_owned(), "9".to_owned()),
+        ]),
+        state,
+        published_port: None,
+    }
+}
+
+fn replica_container() -> Container {
+    Container {
+        id: "r".into(),
+        name: "nightshift-replica-n1".into(),
+        image: "vllm".into(),
+        image_id: None,
+        labels: BTreeMap::from([(labels::ROLE.to_owned(), labels::ROLE_REPLICA.to_owned())]),
+        state: ContainerState::Running,
+        published_port: Some(8000),
+    }
+}
+
+/// vLLM up, with `running` requests.
+fn probe(running: f64) -> ReplicaProbe {
+    ReplicaProbe {
+        container_id: "r".into(),
+        url: Some("http://127.0.0.1:8000".into()),
+        health: Health::Healthy,
+        requests_running: Some(running),
+        requests_waiting: Some(0.0),
+        is_sleeping: Some(false),
+        sleep_state: Some("awake".into()),
+    }
+}
+
+/// A host with its replica running and `used` bytes on each of 4 GPUs.
+fn serving_host(running: f64, used: u64) -> Observation {
+    Observation {
+        containers: vec![replica_container()],
+        gpus: vec![0, 1, 2, 3],
+        gpu_memory: Some((0..4).map(|g| (g, used)).collect()),
+        replica: Some(probe(running)),
+        checkpoint_free_bytes: Some(100 * GIB),
+    }
+}
+
+fn memory(replica: ReplicaState, phase: Option<(Phase, Instant)>) -> Memory {
+    Memory {
+        replica,
+        phase,
+        ..Memory::default()
+    }
+}
+
+#[test]
+fn lending_a_serving_node_begins_a_drain_and_waits_out_the_readiness_grace() {
+    let (cfg, t0) = (cfg(), Instant::now());
+    let l = [lease(1, 1, vec![0, 1])];
+    let lend = desired(false, &l);
+    let obs = serving_host(3.0, 70 * GIB);
+    assert_eq!(
+        plan(
+            &cfg,
+            Some(&lend),
+            &l,
+            &obs,
+            &memory(ReplicaState::Serving, None),
+            t0
+        ),
+        [
+            Step::Replica(ReplicaEvent::DrainBegan),
+            Step::Enter(Some(Phase::MarkNotReady))
+        ]
+    );
+    let mem = memory(ReplicaState::Draining, Some((Phase::MarkNotReady, t0)));
+    let early = t0 + Duration::from_secs(4);
+    assert_eq!(plan(&cfg, Some(&lend), &l, &obs, &mem, early), [Step::Wait]);
+    let late = t0 + Duration::from_secs(5);
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &mem, late),
+        [
+            Step::Record {
+                sequence: SequenceKind::Drain,
+                phase: "mark_not_ready",
+                began: t0
+            },
+            Step::Enter(Some(Phase::WaitInFlight))
+        ]
+    );
+}
+
+#[test]
+fn the_replica_is_stopped_once_idle_or_at_the_drain_timeout() {
+    let (cfg, t0) = (cfg(), Instant::now());
+    let l = [lease(1, 1, vec![0, 1])];
+    let lend = desired(false, &l);
+    let mem = memory(ReplicaState::Draining, Some((Phase::WaitInFlight, t0)));
+    let busy = serving_host(2.0, 70 * GIB);
+    let stop = [
+        Step::StopReplica {
+            id: "r".into(),
+            grace: Duration::from_secs(60),
+        },
+        Step::Enter(Some(Phase::ConfirmStopped)),
+    ];
+    let record = Step::Record {
+        sequence: SequenceKind::Drain,
+        phase: "wait_in_flight",
+        began: t0,
+    };
+    let soon = t0 + Duration::from_secs(10);
+    assert_eq!(plan(&cfg, Some(&lend), &l, &busy, &mem, soon), [Step::Wait]);
+    let idle = serving_host(0.0, 70 * GIB);
+    let mut expect = vec![record.clone()];
+    expect.extend(stop.clone());
+    assert_eq!(plan(&cfg, Some(&lend), &l, &idle, &mem, soon), expect);
+    let timeout = t0 + Duration::from_secs(120);
+    let mut expect = vec![
+        Step::Note(Note::DrainTimeout {
+            running: Some(2.0),
+            waiting: Some(0.0),
+        }),
+        record,
+    ];
+    expect.extend(stop);
+    assert_eq!(plan(&cfg, Some(&lend), &l, &busy, &mem, timeout), expect);
+}
+
+#[test]
+fn in_sleep_mode_the_idle_replica_is_put_to_sleep_and_stopped_if_memory_stays() {
+    let (mut cfg, t0) = (cfg(), Instant::now());
+    cfg.replica.reclaim = ReclaimMode::Sleep;
+    cfg.replica.sleep_free_timeout_s = 10.0;
+    let l = [lease(1, 1, vec![0, 1])];
+    let lend = desired(false, &l);
+    let obs = serving_host(0.0, 70 * GIB);
+    let mem = memory(ReplicaState::Draining, Some((Phase::WaitInFlight, t0)));
+    let steps = plan(&cfg, Some(&lend), &l, &obs, &mem, t0);
+    assert_eq!(
+        steps[1..],
+        [
+            Step::SleepReplica {
+                url: "http://127.0.0.1:8000".into()
+            },
+            Step::Enter(Some(Phase::ConfirmAsleep))
+        ]
+    );
+    // Asleep, but 20 GiB still held per GPU: wait, then give up on sleeping.
+    let mut asleep = serving_host(0.0, 20 * GIB);
+    asleep.replica.as_mut().unwrap().is_sleeping = Some(true);
+    let mem = memory(ReplicaState::Draining, Some((Phase::ConfirmAsleep, t0)));
+    let soon = t0 + Duration::from_secs(2);
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &asleep, &mem, soon),
+        [Step::Wait]
+    );
+    let late = t0 + Duration::from_secs(10);
+    let steps = plan(&cfg, Some(&lend), &l, &asleep, &mem, late);
+    assert!(steps.contains(&Step::Record {
+        sequence: SequenceKind::Drain,
+        phase: "sleep_insufficient",
+        began: t0
+    }));
+    assert!(matches!(steps[2], Step::StopReplica { .. }), "{steps:?}");
+    // Released down to its CUDA context: it sleeps, lent.
+    let mut freed = serving_host(0.0, GIB);
+    freed.replica.as_mut().unwrap().is_sleeping = Some(true);
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &freed, &mem, soon)[0],
+        Step::Replica(ReplicaEvent::Slept)
+    );
+}
+
+#[test]
+fn a_drain_is_abandoned_when_the_node_should_serve_again() {
+    let (cfg, t0) = (cfg(), Instant::now());
+    let mem = memory(ReplicaState::Draining, Some((Phase::WaitInFlight, t0)));
+    assert_eq!(
+        plan(
+            &cfg,
+            Some(&desired(true, &[])),
+            &[],
+            &serving_host(3.0, 70 * GIB),
+            &mem,
+            t0
+        ),
+        [
+            Step::Note(Note::DrainAbandoned),
+            Step::Replica(ReplicaEvent::DrainAbandoned),
+            Step::Enter(None)
+        ]
+    );
+}
+
+#[test]
+fn jobs_start_only_once_nvml_shows_their_gpus_free() {
+    let (cfg, t0) = (cfg(), Instant::now());
+    let l = [lease(1, 1, vec![0, 1])];
+    let lend = desired(false, &l);
+    let mut obs = serving_host(0.0, 0);
+    obs.containers.clear();
+    obs.replica = None;
+    obs.gpu_memory = Some(BTreeMap::from([(0, 0), (1, 5 * GIB), (2, 0), (3, 0)]));
+    let stopped = memory(ReplicaState::Stopped, None);
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &stopped, t0),
+        [Step::Enter(Some(Phase::ConfirmFreeForJobs))]
+    );
+    let waiting = memory(ReplicaState::Stopped, Some((Phase::ConfirmFreeForJobs, t0)));
+    let soon = t0 + Duration::from_secs(1);
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &waiting, soon),
+        [Step::Wait]
+    );
+    let late = t0 + Duration::from_secs(30);
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &waiting, late),
+        [
+            Step::Enter(None),
+            Step::GiveUp(Stuck::GpusBusy {
+                gpus: vec![1],
+                waited: Duration::from_secs(30)
+            })
+        ]
+    );
+    obs.gpu_memory = Some((0..4).map(|g| (g, 0)).collect());
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &waiting, soon),
+        [Step::StartJobs(l.to_vec()), Step::Enter(None)]
+    );
+    // Short of checkpoint space: reported as failed to start instead.
+    obs.checkpoint_free_bytes = Some(GIB / 2);
+    let steps = plan(&cfg, Some(&lend), &l, &obs, &waiting, soon);
+    assert!(
+        matches!(&steps[0], Step::FailStart { lease, message } if lease.lease_id == 1 && message.contains("checkpoint_min_free_bytes")),
+        "{steps:?}"
+    );
+    assert_eq!(steps[1], Step::StartJobs(Vec::new()));
+}
+
+#[test]
+fn unleased_jobs_are_stopped_first_with_their_grace() {
+    let (cfg, t0) = (cfg(), Instant::now());
+    let gone = lease(1, 1, vec![0, 1]);
+    let obs = Observation {
+        containers: vec![job("j1", &gone, ContainerState::Running)],
+        gpus: vec![0, 1, 2, 3],
+        gpu_memory: Some((0..4).map(|g| (g, 0)).collect()),
+        replica: None,
+        checkpoint_free_bytes: None,
+    };
+    let stop = |reclaim| {
+        vec![Step::StopJobs {
+            jobs: vec![StopJob {
+                id: "j1".into(),
+                lease_id: Some(1),
+                grace: Duration::from_secs(9),
+            }],
+            reclaim,
+        }]
+    };
+    let mem = memory(ReplicaState::Stopped, None);
+    assert_eq!(
+        plan(&cfg, Some(&desired(true, &[])), &[], &obs, &mem, t0),
+        stop(true)
+    );
+    assert_eq!(
+        plan(&cfg, Some(&desired(false, &[])), &[], &obs, &mem, t0),
+        stop(false)
+    );
+    // Once it exited, and only when nothing else is left to do, it is removed.
+    let exited = Observation {
+        containers: vec![job("j1", &gone, ContainerState::Exited { exit_code: 143 })],
+        ..obs
+    };
+    assert_eq!(
+        plan(&cfg, Some(&desired(false, &[])), &[], &exited, &mem, t0),
+        [Step::Remove(exited.containers[0].clone())]
+    );
+}
+
+#[test]
+fn reclaim_confirms_the_gpus_free_then_starts_the_replica_and_waits_for_health() {
+    let (cfg, t0) = (cfg(), Instant::now());
+    let serve = desired(true, &[]);
+    let empty = Observation {
+        containers: Vec::new(),
+        gpus: vec![0, 1],
+        gpu_memory: Some(BTreeMap::from([(0, 0), (1, 0)])),
+        replica: None,
+        checkpoint_free_bytes: None,
+    };
+    let mem = memory(
+        ReplicaState::Stopped,
+        Some((Phase::ConfirmFreeForReplica, t0)),
+    );
+    assert_eq!(
+        plan(&cfg, Some(&serve), &[], &empty, &mem, t0)[1..],
+        [Step::StartReplica, Step::Enter(Some(Phase::WaitHealth))]
+    );
+    let mut loading = serving_host(0.0, 70 * GIB);
+    loading.replica.as_mut().unwrap().health = Health::Unreachable;
+    let mem = memory(ReplicaState::Starting, Some((Phase::WaitHealth, t0)));
+    assert_eq!(
+        plan(&cfg, Some(&serve), &[], &loading, &mem, t0),
+        [Step::Wait]
+    );
+    let up = serving_host(0.0, 70 * GIB);
+    assert_eq!(
+        plan(&cfg, Some(&serve), &[], &up, &mem, t0)[1..],
+        [Step::Replica(ReplicaEvent::Healthy), Step::Enter(None)]
+    );
+    let late = t0 + Duration::from_secs(900);
+    assert_eq!(
+        plan(&cfg, Some(&serve), &[], &loading, &mem, late)[0],
+        Step::Replica(ReplicaEvent::Failed)
+    );
+    assert!(
+        plan(
+            &cfg,
+            Some(&serve),
+            &[],
+            &up,
+            &memory(ReplicaState::Serving, None),
+            t0
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn before_the_coordinator_answers_a_running_replica_is_adopted_and_nothing_else_changes() {
+    let (cfg, t0) = (cfg(), Instant::now());
+    let fresh = memory(ReplicaState::Stopped, None);
+    let up = serving_host(0.0, 70 * GIB);
+    assert_eq!(
+        plan(&cfg, None, &[], &up, &fresh, t0),
+        [Step::Replica(ReplicaEvent::Adopted {
+            healthy: true,
+            asleep: false
+        })]
+    );
+    let mut asleep = serving_host(0.0, GIB);
+    asleep.replica.as_mut().unwrap().is_sleeping = Some(true);
+    assert_eq!(
+        plan(&cfg, None, &[], &asleep, &fresh, t0),
+        [Step::Replica(ReplicaEvent::Adopted {
+            healthy: true,
+            asleep: true
+        })]
+    );
+    assert!(
+        plan(
+            &cfg,
+            None,
+            &[],
+            &up,
+            &memory(ReplicaState::Serving, None),
+            t0
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_stale_lease_is_refused() {
+    let fenced = HashMap::from([(0, 5), (1, 5)]);
+    let (ok, stale) = honoured(
+        &[
+            lease(1, 5, vec![0]),
+            lease(2, 3, vec![1, 2]),
+            lease(3, 6, vec![2]),
+        ],
+        &fenced,
+    );
+    assert_eq!(ok.iter().map(|l| l.lease_id).collect::<Vec<_>>(), [1, 3]);
+    assert_eq!(
+        stale,
+        [Stale {
+            lease_id: 2,
+            epoch: 3,
+            gpu: 1,
+            seen: 5
+        }]
+    );
+}
+
+#[test]
+fn start_failures_are_forgotten_a_lease_ttl_after_unlisting() {
+    let t0 = Instant::now();
+    let l = lease(1, 1, vec![0]);
+    let mut mem = Memory::default();
+    mem.start_failures
+        .insert(1, StartFailure::new(&l, "image missing".into()));
+    let listed = desired(false, std::slice::from_ref(&l));
+    mem.track_start_failures(&listed, t0);
+    assert_eq!(mem.start_failures[&1].unlisted_since, None);
+    let unlisted = desired(false, &[]);
+    mem.track_start_failures(&unlisted, t0);
+    mem.track_start_failures(&unlisted, t0 + Duration::from_secs(9));
+    assert_eq!(mem.start_failures[&1].unlisted_since, Some(t0));
+    mem.track_start_failures(&unlisted, t0 + Duration::from_secs(10));
+    assert!(mem.start_failures.is_empty());
+}
