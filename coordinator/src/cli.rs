@@ -462,7 +462,7 @@ async fn execute(
             let now = now_ms();
             let time = |flag: &str, v: Option<&str>| {
                 v.map(|t| {
-                    crate::report::parse_time(t, now)
+                    nightshift_core::report::parse_time(t, now)
                         .map_err(|e| CliError::Usage(format!("--{flag}: {e}")))
                 })
                 .transpose()
@@ -487,8 +487,8 @@ pub fn render_report(r: &nightshift_common::Report) -> String {
          equivalent GPUs:    {:.2} always-on\n\
          savings:            {:.2} {} at {:.2} per GPU-hour\n\
          preemptions:        {}, {:.2} GPU-hours of work lost\n",
-        crate::report::period_key(r.since, false),
-        crate::report::period_key(r.until, false),
+        nightshift_core::report::period_key(r.since, false),
+        nightshift_core::report::period_key(r.until, false),
         t.harvested_gpu_hours,
         t.leases,
         t.equivalent_gpus,

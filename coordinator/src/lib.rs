@@ -17,7 +17,6 @@ pub mod pipelines;
 pub mod pki;
 pub use nightshift_policy as policy;
 pub mod ratelimit;
-pub mod report;
 pub mod server;
 pub mod simulate;
 pub mod store;

@@ -17,6 +17,7 @@ mod invariants;
 mod job;
 mod lease;
 mod node;
+pub mod report;
 mod schedule;
 mod snapshot;
 

@@ -7,11 +7,11 @@ use axum::Json;
 use axum::extract::{Query, State};
 use nightshift_common::Report;
 use nightshift_core::Usage;
+use nightshift_core::report::{self, GroupBy};
 use serde::Deserialize;
 
 use super::HttpError;
 use crate::cluster::Cluster;
-use crate::report::{self, GroupBy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

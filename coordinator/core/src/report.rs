@@ -1,11 +1,13 @@
-//! Accounting: turns per-lease usage records into a [`Report`] over a period, grouped by
-//! team, job, day or month (UTC). A lease is counted for the part of it inside the period; a
-//! lease spanning midnight is split between its days.
+//! Accounting: turns per-lease usage records ([`Usage`]) into a [`Report`] over a period,
+//! grouped by team, job, day or month (UTC). A lease is counted for the part of it inside the
+//! period; a lease spanning midnight is split between its days. Pure date arithmetic: the
+//! service builds reports with it and the CLI reads and shows their dates with it.
 
 use std::collections::BTreeMap;
 
 use nightshift_common::{Report, ReportGroup, ReportTotals, UnixMillis};
-use nightshift_core::Usage;
+
+use crate::Usage;
 
 const HOUR_MS: f64 = 3_600_000.0;
 const DAY_MS: u64 = 86_400_000;
