@@ -10,14 +10,10 @@
 //! window closes, before the load its profile predicts arrives (both by the measured reclaim
 //! lead time), and never lends below the replicas that load will need plus its headroom.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, VecDeque};
-
 use nightshift_common::{NodeMode, UnixMillis};
 
 use crate::config::ServicePolicy;
 use crate::core::Core;
-use crate::index::team;
 use crate::node::Node;
 
 /// The service's load, summed over its serving replicas.
@@ -389,9 +385,9 @@ impl Core {
         load.ready.saturating_sub(keep)
     }
 
-    /// Up to `spare` serving nodes worth lending: as many as the runnable queued jobs, in
-    /// queue order, need beyond the GPUs lent nodes already have free. The walk stops at the
-    /// first job that cannot be placed, so small jobs behind a big one do not take its nodes.
+    /// Up to `spare` serving nodes worth lending: as many as the runnable queued jobs need
+    /// beyond the GPUs lent nodes already have free, by the placement the scheduler will
+    /// then make ([`Core::lending_plan`]).
     fn lend_candidates(
         &self,
         now: UnixMillis,
@@ -404,19 +400,6 @@ impl Core {
             return Vec::new();
         }
         let ttl = self.config.lease_ttl_ms;
-        // Free GPUs per lent node, then per node chosen to lend; jobs are packed first fit.
-        // A node with none free can take no job, so it is left out.
-        let free: Vec<usize> = self
-            .lent_free(now)
-            .into_iter()
-            .map(|(_, free)| free.len())
-            .collect();
-        let queue = self.queue(now);
-        // While a deep queue is being placed, what lent nodes have free usually takes all of
-        // it: then no serving node is needed, nor looked at.
-        if self.pack(&queue, Packing::new(free.clone(), 0), &[], 0).1 {
-            return Vec::new();
-        }
         let mut candidates: Vec<&Node> = self
             .nodes
             .values()
@@ -435,118 +418,10 @@ impl Core {
         // stable sort: by name among equals, the map's order).
         candidates.sort_by_key(|n| n.gpus.len());
         let healthy: Vec<usize> = candidates.iter().map(|n| n.healthy_gpus()).collect();
-        let (packing, _) = self.pack(
-            &queue,
-            Packing::new(free, candidates.len()),
-            &healthy,
-            spare,
-        );
-        packing
-            .chosen
+        self.lending_plan(now, &healthy, spare)
             .into_iter()
             .map(|i| candidates[i].name.clone())
             .collect()
-    }
-
-    /// Packs `queue`'s jobs in order onto `packing`, choosing candidates (of `healthy` GPUs
-    /// each, at most `spare`; with `spare == 0`, none) for what does not fit. Stops at the
-    /// first job that cannot be placed, or once `spare` candidates are chosen; says whether
-    /// every job was placed.
-    fn pack(
-        &self,
-        queue: &[u64],
-        mut packing: Packing,
-        healthy: &[usize],
-        spare: usize,
-    ) -> (Packing, bool) {
-        for id in queue {
-            if spare > 0 && packing.chosen.len() >= spare {
-                return (packing, false);
-            }
-            let Some(job) = self.jobs.get(id) else {
-                continue;
-            };
-            let (gpus, nodes) = (job.spec.gpus as usize, job.spec.nodes as usize);
-            let placed = if nodes <= 1 {
-                packing.place(gpus, 1, healthy, spare)
-            } else {
-                // A gang is placed whole or not at all: try it on a copy.
-                let mut trial = packing.clone();
-                let placed = trial.place(gpus, nodes, healthy, spare);
-                if placed {
-                    packing = trial;
-                }
-                placed
-            };
-            if !placed {
-                return (packing, false);
-            }
-        }
-        (packing, true)
-    }
-
-    /// Queued jobs that may run now, in the order they run: higher priority first; within a
-    /// priority, the team furthest below its weighted fair share of GPUs first (counting what
-    /// it runs and what it would get ahead in the queue); then first submitted.
-    ///
-    /// The job index keeps the queued jobs in priority and age order, so one team (the
-    /// common case, where fair share has nothing to balance) costs a walk of the queue and
-    /// nothing else; teams are balanced over that walk, with their usage counted from the
-    /// lease table (what runs), not from every job ever submitted.
-    pub(crate) fn queue(&self, now: UnixMillis) -> Vec<u64> {
-        if self.index.one_team_queued() {
-            return self.index.runnable(now).collect();
-        }
-        let mut running: Vec<u64> = self.leases.all().map(|l| l.job).collect();
-        running.sort_unstable();
-        running.dedup();
-        let mut usage: BTreeMap<String, f64> = BTreeMap::new();
-        for j in running.iter().filter_map(|id| self.jobs.get(id)) {
-            if !j.leases.is_empty() {
-                *usage.entry(team(j).to_owned()).or_default() +=
-                    f64::from(j.spec.gpus * j.spec.nodes);
-            }
-        }
-        let mut by_priority: BTreeMap<Reverse<i32>, BTreeMap<String, VecDeque<&crate::job::Job>>> =
-            BTreeMap::new();
-        for j in self.index.runnable(now).filter_map(|id| self.jobs.get(&id)) {
-            by_priority
-                .entry(Reverse(j.spec.priority))
-                .or_default()
-                .entry(team(j).to_owned())
-                .or_default()
-                .push_back(j);
-        }
-        let mut order = Vec::new();
-        for (_, mut teams) in by_priority {
-            while let Some(name) = teams
-                .iter()
-                .filter(|(_, q)| !q.is_empty())
-                .min_by(|(a, qa), (b, qb)| {
-                    let share = |t: &str| usage.get(t).copied().unwrap_or(0.0) / self.weight(t);
-                    share(a).total_cmp(&share(b)).then_with(|| {
-                        (qa[0].submitted_at, qa[0].id).cmp(&(qb[0].submitted_at, qb[0].id))
-                    })
-                })
-                .map(|(name, _)| name.clone())
-            {
-                let Some(j) = teams.get_mut(&name).and_then(VecDeque::pop_front) else {
-                    break;
-                };
-                *usage.entry(name).or_default() += f64::from(j.spec.gpus * j.spec.nodes);
-                order.push(j.id);
-            }
-        }
-        order
-    }
-
-    fn weight(&self, team: &str) -> f64 {
-        self.config
-            .team_weights
-            .get(team)
-            .copied()
-            .filter(|w| *w > 0.0)
-            .unwrap_or(1.0)
     }
 }
 
@@ -554,69 +429,4 @@ impl Core {
 /// smoothed load leaves as it decays towards zero).
 fn replicas_for(need: f64) -> usize {
     (need - 0.01).ceil().max(0.0) as usize
-}
-
-/// Lending's dry run of placement: the free GPUs of lent nodes (those with any), and the
-/// serving nodes chosen so far from the candidates (indexes into them, sorted for lending).
-#[derive(Clone)]
-struct Packing {
-    free: Vec<usize>,
-    chosen: Vec<usize>,
-    taken: Vec<bool>,
-    /// Every candidate before this one is taken.
-    untaken_from: usize,
-    /// Every entry of `free` before this one is full (none free).
-    open_from: usize,
-}
-
-impl Packing {
-    /// Lent nodes' `free` GPUs, and `candidates` serving nodes none of which is chosen yet.
-    fn new(free: Vec<usize>, candidates: usize) -> Self {
-        Self {
-            free,
-            chosen: Vec::new(),
-            taken: vec![false; candidates],
-            untaken_from: 0,
-            open_from: 0,
-        }
-    }
-
-    /// Places `nodes` members of `gpus` GPUs each on distinct nodes, first fit, choosing a
-    /// further candidate (with enough healthy GPUs; no more than `spare` in all) for a member
-    /// that fits nowhere. On failure the packing is left part-way: gangs are tried on a copy.
-    fn place(&mut self, gpus: usize, nodes: usize, healthy: &[usize], spare: usize) -> bool {
-        let mut used: Vec<usize> = Vec::new();
-        while used.len() < nodes {
-            let fits = (self.open_from..self.free.len())
-                .find(|i| self.free[*i] >= gpus && !used.contains(i));
-            let slot = match fits {
-                Some(i) => i,
-                None => {
-                    if self.chosen.len() >= spare {
-                        return false;
-                    }
-                    // A GPU reported unhealthy is never leased: only healthy ones count.
-                    let Some(next) = (self.untaken_from..healthy.len())
-                        .find(|&c| !self.taken[c] && healthy[c] >= gpus)
-                    else {
-                        return false;
-                    };
-                    self.taken[next] = true;
-                    while self.taken.get(self.untaken_from) == Some(&true) {
-                        self.untaken_from += 1;
-                    }
-                    self.chosen.push(next);
-                    self.free.push(healthy[next]);
-                    self.free.len() - 1
-                }
-            };
-            self.free[slot] -= gpus;
-            used.push(slot);
-        }
-        // Nodes filled up can take nothing more: the first fit skips those in front.
-        while self.free.get(self.open_from) == Some(&0) {
-            self.open_from += 1;
-        }
-        true
-    }
 }

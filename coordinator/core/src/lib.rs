@@ -17,8 +17,8 @@ mod invariants;
 mod job;
 mod lease;
 mod node;
+mod placement;
 pub mod report;
-mod schedule;
 mod snapshot;
 
 pub use crate::calendar::{HarvestWindow, WindowError};
