@@ -25,7 +25,7 @@ need_tool deb cargo-deb --no-default-features
 need_tool generate-rpm cargo-generate-rpm
 
 started=$SECONDS
-cargo build --release --locked -p nightshift-agent -p nightshift-coordinator --bins
+cargo build --release --locked -p nightshift-agent -p nightshift-coordinator -p nightshift-cli --bins
 # cargo-deb strips its own copies; cargo-generate-rpm takes the files as they are.
 strip target/release/nightshift-agent target/release/nightshift-coordinator target/release/nightshift
 

@@ -34,6 +34,23 @@ if cargo tree --workspace -i aws-lc-sys >/dev/null 2>&1; then
     exit 1
 fi
 
+# One crate per product (ARCHITECTURE.md): the CLI is a client and links neither the service
+# nor the agent nor their I/O crates; the service reaches agents over HTTP only. Dev- and
+# build-dependencies count too.
+forbid() { # forbid PACKAGE CRATE...: PACKAGE must not depend on any CRATE
+    local package="$1" crate
+    shift
+    for crate in "$@"; do
+        if cargo tree -p "$package" -i "$crate" >/dev/null 2>&1; then
+            echo "tests/run.sh: $package must not depend on $crate, but does:" >&2
+            cargo tree -p "$package" -i "$crate" >&2
+            exit 1
+        fi
+    done
+}
+forbid nightshift-cli nightshift-coordinator nightshift-agent rusqlite axum bollard
+forbid nightshift-coordinator nightshift-agent bollard
+
 bash tests/images/build.sh
 cargo build --workspace --bins
 

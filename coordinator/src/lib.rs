@@ -1,23 +1,17 @@
-//! nightshift-coordinator: the coordinator service and the CLI.
+//! nightshift-coordinator: the coordinator service (HTTP API, cluster state, store, auth).
+//! The `nightshift` CLI is the crate nightshift-cli (coordinator/cli); the dev cluster behind
+//! `nightshift demo` is nightshift-devcluster (tests/devcluster).
 
 pub mod auth;
-pub mod cli;
-pub mod client;
 pub mod cluster;
 pub mod config;
-pub mod demo;
-pub mod gateway;
 pub mod health;
 pub mod http;
 pub mod https;
-pub mod lint;
-pub mod loadgen;
 pub mod metrics;
 pub mod pipelines;
 pub mod pki;
 pub use nightshift_policy as policy;
 pub mod ratelimit;
 pub mod server;
-pub mod simulate;
 pub mod store;
-pub mod workflows;

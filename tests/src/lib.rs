@@ -235,8 +235,8 @@ impl TestCoordinator {
         Self { url, task }
     }
 
-    pub fn client(&self) -> nightshift_coordinator::client::Client {
-        nightshift_coordinator::client::Client::new(&self.url).expect("client")
+    pub fn client(&self) -> nightshift_cli::client::Client {
+        nightshift_cli::client::Client::new(&self.url).expect("client")
     }
 }
 
@@ -251,7 +251,7 @@ impl Drop for TestCoordinator {
 pub struct OneNode {
     pub node: String,
     pub coordinator: TestCoordinator,
-    pub client: nightshift_coordinator::client::Client,
+    pub client: nightshift_cli::client::Client,
     pub agent: AgentHandle,
     pub dir: tempfile::TempDir,
     _cleanup: Cleanup,
@@ -440,7 +440,7 @@ pub struct CoordinatorProcess {
     config: std::path::PathBuf,
 }
 
-async fn wait_healthy(client: &nightshift_coordinator::client::Client) {
+async fn wait_healthy(client: &nightshift_cli::client::Client) {
     wait_for(
         "the coordinator to answer",
         Duration::from_secs(60),
@@ -480,13 +480,13 @@ impl CoordinatorProcess {
 
     /// A coordinator on a free port with its state and `coordinator.toml` (from
     /// [`coordinator_config`]) under `dir`, answering `/healthz`; and a client for it.
-    pub async fn start_in(dir: &Path) -> (Self, nightshift_coordinator::client::Client) {
+    pub async fn start_in(dir: &Path) -> (Self, nightshift_cli::client::Client) {
         let data = dir.join("state");
         let config = dir.join("coordinator.toml");
         std::fs::write(&config, coordinator_toml(&coordinator_config(&data)))
             .expect("write config");
         let process = Self::spawn(free_port(), &data, &config);
-        let client = nightshift_coordinator::client::Client::new(&process.url).expect("client");
+        let client = nightshift_cli::client::Client::new(&process.url).expect("client");
         wait_healthy(&client).await;
         (process, client)
     }
@@ -497,7 +497,7 @@ impl CoordinatorProcess {
         let (port, data, config) = (self.port, self.data.clone(), self.config.clone());
         self.kill();
         let process = Self::spawn(port, &data, &config);
-        let client = nightshift_coordinator::client::Client::new(&process.url).expect("client");
+        let client = nightshift_cli::client::Client::new(&process.url).expect("client");
         wait_healthy(&client).await;
         process
     }

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use nightshift_cli::client::Client;
 use nightshift_common::{JobState, ReplicaState};
-use nightshift_coordinator::client::Client;
 use nightshift_tests::*;
 
 const STARTUP: Duration = Duration::from_secs(60);

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_agent::gpus::fake::FakeGpus;
+use nightshift_cli::client::Client;
 use nightshift_common::{JobState, NodeView};
-use nightshift_coordinator::client::Client;
 use nightshift_tests::*;
 
 const STARTUP: Duration = Duration::from_secs(90);
@@ -54,7 +54,7 @@ async fn a_gpu_with_a_critical_xid_is_never_leased_and_the_node_says_why() {
             (3, Some(true), None),
         ]
     );
-    let table = nightshift_coordinator::cli::render_nodes(std::slice::from_ref(&view), 0);
+    let table = nightshift_cli::cli::render_nodes(std::slice::from_ref(&view), 0);
     assert!(
         table.contains(&format!("{node} gpu 1 unhealthy, not leased: {XID_79}")),
         "{table}"

@@ -198,8 +198,7 @@ async fn logs_through_the_coordinator_over_mutual_tls() {
     let api = agent.api_url.clone().expect("api url");
     assert!(api.starts_with("https://"), "{api}");
 
-    let client =
-        nightshift_coordinator::client::Client::with_ca(&url, Some(&file("ca.pem"))).unwrap();
+    let client = nightshift_cli::client::Client::with_ca(&url, Some(&file("ca.pem"))).unwrap();
     let job = client
         .submit(&trainer_job("over-tls", 4, 1_000_000, 20, 100))
         .await

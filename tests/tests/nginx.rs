@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nightshift_agent::config::ReplicaNetwork;
+use nightshift_cli::client::Client;
 use nightshift_common::{JobState, ReplicaState};
-use nightshift_coordinator::client::Client;
 use nightshift_tests::*;
 
 const DOC: &str = include_str!("../../docs/LOAD_BALANCER.md");

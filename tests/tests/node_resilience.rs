@@ -198,7 +198,7 @@ async fn a_drain_called_off_during_the_readiness_grace_is_abandoned_at_once() {
 
 /// The node's phases the coordinator kept that started at or after `at` (Unix ms).
 async fn phases_since(
-    client: &nightshift_coordinator::client::Client,
+    client: &nightshift_cli::client::Client,
     node: &str,
     at: u64,
 ) -> Option<Vec<nightshift_common::PhaseRecord>> {

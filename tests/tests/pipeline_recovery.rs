@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use nightshift_cli::client::Client;
 use nightshift_common::{JobState, PipelineRunView, PipelineSubmit};
-use nightshift_coordinator::client::Client;
 use nightshift_tests::*;
 
 const STARTUP: Duration = Duration::from_secs(60);
@@ -120,7 +120,7 @@ async fn a_coordinator_killed_mid_dag_finishes_the_run_with_no_step_run_twice() 
         view.phase,
         "Succeeded",
         "{}",
-        nightshift_coordinator::workflows::render_run(&view, 0)
+        nightshift_cli::workflows::render_run(&view, 0)
     );
     // Every step ran as exactly one job, which succeeded once; no other job exists.
     let steps: Vec<_> = view.nodes.iter().filter(|n| !n.jobs.is_empty()).collect();
@@ -174,7 +174,7 @@ async fn a_preempted_step_resumes_without_using_its_retries() {
         view.phase,
         "Succeeded",
         "{}",
-        nightshift_coordinator::workflows::render_run(&view, 0)
+        nightshift_cli::workflows::render_run(&view, 0)
     );
     let step = &view.nodes[0];
     assert_eq!(step.retries, 0, "the retry budget is untouched: {step:?}");

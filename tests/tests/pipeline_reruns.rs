@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nightshift_cli::client::Client;
 use nightshift_common::{PipelineRunView, PipelineSubmit};
-use nightshift_coordinator::client::Client;
 use nightshift_tests::*;
 
 const STARTUP: Duration = Duration::from_secs(120);

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nightshift_cli::client::Client;
 use nightshift_common::{PipelineRunView, PipelineSubmit};
-use nightshift_coordinator::client::Client;
 use nightshift_tests::*;
 
 fn conformance_dir() -> PathBuf {
@@ -174,7 +174,7 @@ async fn argo_examples_run_unmodified_to_their_expected_end() {
             view.phase,
             *expected,
             "{file}:\n{}",
-            nightshift_coordinator::workflows::render_run(&view, 0)
+            nightshift_cli::workflows::render_run(&view, 0)
         );
     }
     eprintln!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
-use nightshift_coordinator::loadgen::{LoadGen, LoadGenOptions, LoadStats, RequestShape};
+use nightshift_devcluster::loadgen::{LoadGen, LoadGenOptions, LoadStats, RequestShape};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use nightshift_common::{LintFinding, LintReport};
 
-use crate::cli::CliError;
+use crate::error::CliError;
 
 /// Reads `path` (`-` is standard input), checks it and prints the verdict.
 pub fn run(

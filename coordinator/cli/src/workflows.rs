@@ -7,8 +7,9 @@ use std::io::Write;
 
 use nightshift_common::{PipelineNodeView, PipelineRunView, PipelineSubmit, UnixMillis};
 
-use crate::cli::{CliError, clean, format_duration, print};
 use crate::client::Client;
+use crate::error::CliError;
+use crate::render::{clean, format_duration, print};
 
 /// Whether `text` is an Argo Workflows file rather than a job file.
 pub fn is_workflow(text: &str) -> bool {

@@ -233,7 +233,7 @@ fn an_https_coordinator_without_a_ca_is_refused_before_starting() {
 /// Runs the `nightshift` binary against `url` with `args`, the CA given as `NIGHTSHIFT_CA`
 /// when `ca` is set; its exit code, standard output and standard error.
 async fn nightshift(url: &str, ca: Option<&Path>, args: &[&str]) -> (i32, String, String) {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_nightshift"));
+    let mut cmd = tokio::process::Command::new(nightshift_tests::workspace_bin("nightshift"));
     cmd.args(args)
         .env("NIGHTSHIFT_URL", url)
         .env_remove("NIGHTSHIFT_TOKEN")

@@ -17,16 +17,18 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use nightshift_common::{JobSpec, JobView, NodeMode, NodeView, SpecError, UnixMillis};
+use nightshift_common::{JobSpec, UnixMillis};
 use serde::Serialize;
 
 use crate::client::{Client, ClientError};
+pub use crate::error::CliError;
+use crate::render::{clean, print, print_json};
+pub use crate::render::{
+    format_duration, format_relative, render_job, render_jobs, render_nodes, render_report,
+};
 
 /// Where the CLI looks for the coordinator unless told otherwise.
 pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7400";
-
-/// The field `JobSpec::from_yaml` names when the file does not parse at all.
-const WHOLE_FILE_FIELD: &str = "job file";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -159,7 +161,8 @@ pub enum Command {
         #[arg(long, value_name = "N")]
         tail: Option<usize>,
     },
-    /// Run a self-contained demonstration cluster.
+    /// Run a self-contained demonstration cluster (`nightshift-demo`, installed beside this
+    /// program or on PATH).
     Demo,
     /// Simulate a fleet on a traffic trace and compare lending policies.
     Simulate(crate::simulate::SimulateArgs),
@@ -174,113 +177,6 @@ pub enum Command {
 pub enum JobCommand {
     /// Show one job in detail.
     Show { id: u64 },
-}
-
-/// Why a command failed, with the exit code it maps to.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    #[error("cannot read job file {path}: {source}")]
-    ReadJobFile {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
-
-    #[error("job file {path}: {}", display_spec_error(.source))]
-    JobFile {
-        path: String,
-        #[source]
-        source: SpecError,
-    },
-
-    #[error("cannot read workflow file {path}: {source}")]
-    ReadWorkflowFile {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
-
-    #[error("-p {0}: parameters are NAME=VALUE, and only workflows take them")]
-    Parameter(String),
-
-    #[error(transparent)]
-    Client(#[from] ClientError),
-
-    #[error("{0:#}")]
-    Demo(anyhow::Error),
-
-    #[error(transparent)]
-    Simulate(#[from] nightshift_sim::SimError),
-
-    #[error("cannot write output: {0}")]
-    Output(#[from] io::Error),
-
-    #[error("{0}")]
-    Usage(String),
-}
-
-fn display_spec_error(err: &SpecError) -> String {
-    if err.field == WHOLE_FILE_FIELD {
-        err.rule.clone()
-    } else {
-        err.to_string()
-    }
-}
-
-impl CliError {
-    /// 2 for bad input from the user (job file, coordinator URL), 1 for everything else.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            Self::ReadJobFile { .. }
-            | Self::ReadWorkflowFile { .. }
-            | Self::Parameter(_)
-            | Self::JobFile { .. }
-            | Self::Usage(_)
-            | Self::Simulate(_)
-            | Self::Client(ClientError::InvalidUrl { .. }) => 2,
-            Self::Client(_) | Self::Demo(_) | Self::Output(_) => 1,
-        }
-    }
-
-    /// The field to blame, if one is: of the job file, or named by the coordinator.
-    pub fn field(&self) -> Option<String> {
-        match self {
-            Self::JobFile { source, .. } if source.field == WHOLE_FILE_FIELD => {
-                parse_error_field(&source.rule)
-            }
-            Self::JobFile { source, .. } => Some(source.field.clone()),
-            Self::Client(err) => err.field().map(str::to_owned),
-            _ => None,
-        }
-    }
-}
-
-/// The field a YAML parse error is about, read from the parser's message: it starts with the
-/// path of the offending value (`env[0]: ...`) and names unknown or missing keys in backticks
-/// (``unknown field `valu` ``). `None` for syntax errors.
-fn parse_error_field(rule: &str) -> Option<String> {
-    let is_path = |p: &str| {
-        !p.is_empty()
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._[]".contains(c))
-    };
-    let (path, rest) = match rule.split_once(": ") {
-        Some((path, rest)) if is_path(path) => (Some(path), rest),
-        _ => (None, rule),
-    };
-    let key = ["unknown field `", "missing field `"]
-        .iter()
-        .find_map(|prefix| {
-            rest.strip_prefix(prefix)?
-                .split_once('`')
-                .map(|(key, _)| key)
-        });
-    match (path, key) {
-        (Some(path), Some(key)) => Some(format!("{path}.{key}")),
-        (Some(path), None) => Some(path.to_owned()),
-        (None, Some(key)) => Some(key.to_owned()),
-        (None, None) => None,
-    }
 }
 
 /// The error object printed to stdout under `--output json`.
@@ -363,7 +259,7 @@ async fn execute(
 ) -> Result<i32, CliError> {
     let json = cli.output == OutputFormat::Json;
     match &cli.command {
-        Command::Demo => return crate::demo::run(json).await.map_err(CliError::Demo),
+        Command::Demo => return Ok(crate::demo::run(json)?),
         Command::Simulate(args) => {
             let report = crate::simulate::run(args)?;
             print(out, json, &report, || report.to_table())?;
@@ -478,57 +374,6 @@ async fn execute(
     Ok(0)
 }
 
-/// A report as a few readable lines and, when grouped, a table.
-pub fn render_report(r: &nightshift_common::Report) -> String {
-    let t = &r.totals;
-    let mut text = format!(
-        "period:             {} to {}\n\
-         harvested:          {:.2} GPU-hours ({} leases)\n\
-         equivalent GPUs:    {:.2} always-on\n\
-         savings:            {:.2} {} at {:.2} per GPU-hour\n\
-         preemptions:        {}, {:.2} GPU-hours of work lost\n",
-        nightshift_core::report::period_key(r.since, false),
-        nightshift_core::report::period_key(r.until, false),
-        t.harvested_gpu_hours,
-        t.leases,
-        t.equivalent_gpus,
-        t.savings,
-        r.currency,
-        r.price_per_gpu_hour,
-        t.preemptions,
-        t.lost_gpu_hours,
-    );
-    if !r.groups.is_empty() {
-        let rows: Vec<Vec<String>> = r
-            .groups
-            .iter()
-            .map(|g| {
-                vec![
-                    clean(&g.key),
-                    format!("{:.2}", g.totals.harvested_gpu_hours),
-                    format!("{:.2}", g.totals.equivalent_gpus),
-                    format!("{:.2}", g.totals.savings),
-                    g.totals.preemptions.to_string(),
-                    format!("{:.2}", g.totals.lost_gpu_hours),
-                ]
-            })
-            .collect();
-        text.push('\n');
-        text.push_str(&table(
-            &[
-                r.by.as_deref().unwrap_or("group").to_uppercase().as_str(),
-                "GPU-HOURS",
-                "EQUIV-GPUS",
-                "SAVINGS",
-                "PREEMPTIONS",
-                "LOST-GPU-HOURS",
-            ],
-            &rows,
-        ));
-    }
-    text
-}
-
 /// Reads a file to submit; `-` is standard input. Returns the name to show and the text.
 fn read_text(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<(String, String), CliError> {
     let (shown, text) = if path == Path::new("-") {
@@ -545,364 +390,22 @@ fn read_text(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<(String, Stri
     Ok((shown, text))
 }
 
-pub(crate) fn print<T: Serialize>(
-    out: &mut (dyn Write + Send),
-    json: bool,
-    value: &T,
-    table: impl FnOnce() -> String,
-) -> Result<(), CliError> {
-    if json {
-        print_json(out, value)
-    } else {
-        out.write_all(table().as_bytes())?;
-        Ok(out.flush()?)
-    }
-}
-
-fn print_json<T: Serialize>(out: &mut (dyn Write + Send), value: &T) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
-    writeln!(out, "{text}")?;
-    Ok(out.flush()?)
-}
-
 fn now_ms() -> UnixMillis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as UnixMillis)
 }
 
-/// `jobs` as a table: ID, NAME, STATE, ATTEMPT, GPUS, NODE, AGE (since submission) and
-/// DURATION (running time, to now or to the end; `-` if it never started).
-pub fn render_jobs(jobs: &[JobView], now: UnixMillis) -> String {
-    if jobs.is_empty() {
-        return "no jobs\n".to_owned();
-    }
-    let rows = jobs
-        .iter()
-        .map(|job| {
-            vec![
-                job.id.to_string(),
-                clean(&job.spec.name),
-                job.state.as_str().to_owned(),
-                job.attempt.to_string(),
-                if job.spec.nodes > 1 {
-                    format!("{}x{}", job.spec.nodes, job.spec.gpus)
-                } else {
-                    job.spec.gpus.to_string()
-                },
-                if job.leases.is_empty() {
-                    "-".to_owned()
-                } else {
-                    job.leases
-                        .iter()
-                        .map(|l| clean(&l.node))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                },
-                format_duration(now.saturating_sub(job.submitted_at)),
-                run_time(job, now).map_or("-".to_owned(), format_duration),
-            ]
-        })
-        .collect::<Vec<_>>();
-    table(
-        &[
-            "ID", "NAME", "STATE", "ATTEMPT", "GPUS", "NODE", "AGE", "DURATION",
-        ],
-        &rows,
-    )
-}
-
-/// How long the job has run: from its start to its end, or to `now` if still going.
-fn run_time(job: &JobView, now: UnixMillis) -> Option<u64> {
-    let started = job.started_at?;
-    Some(job.finished_at.unwrap_or(now).saturating_sub(started))
-}
-
-/// `job show` as a key/value block.
-pub fn render_job(job: &JobView, now: UnixMillis) -> String {
-    let spec = &job.spec;
-    let mut kv: Vec<(&str, String)> = vec![
-        ("id", job.id.to_string()),
-        ("name", clean(&spec.name)),
-        ("state", job.state.as_str().to_owned()),
-    ];
-    if let Some(owner) = &spec.owner {
-        kv.push(("owner", clean(owner)));
-    }
-    kv.push(("image", clean(&spec.image)));
-    if !spec.command.is_empty() {
-        kv.push(("command", shell_words(&spec.command)));
-    }
-    if !spec.args.is_empty() {
-        kv.push(("args", shell_words(&spec.args)));
-    }
-    if !spec.env.is_empty() {
-        let names: Vec<&str> = spec.env.iter().map(|v| v.name.as_str()).collect();
-        kv.push(("env", clean(&names.join(", "))));
-    }
-    kv.push(("gpus", spec.gpus.to_string()));
-    kv.push(("priority", spec.priority.to_string()));
-    kv.push((
-        "checkpoint",
-        format!(
-            "{}, {}s grace",
-            clean(&spec.checkpoint.signal),
-            spec.checkpoint.grace_period_seconds
-        ),
-    ));
-    kv.push(("attempt", job.attempt.to_string()));
-    kv.push(("preemptions", job.preemptions.to_string()));
-    kv.push(("submitted", format_relative(now, job.submitted_at)));
-    if let Some(t) = job.started_at {
-        kv.push(("started", format_relative(now, t)));
-    }
-    if let Some(t) = job.finished_at {
-        kv.push(("finished", format_relative(now, t)));
-    }
-    if let Some(d) = run_time(job, now) {
-        kv.push(("duration", format_duration(d)));
-    }
-    if let Some(limit) = spec.max_run_seconds {
-        let ran = job.ran_ms
-            + job
-                .attempt_started_at
-                .filter(|_| job.finished_at.is_none())
-                .map_or(0, |t| now.saturating_sub(t));
-        kv.push((
-            "run time",
-            format!(
-                "{} of its {} limit{}",
-                format_duration(ran),
-                format_duration(limit * 1000),
-                if job.timed_out { ", reached" } else { "" }
-            ),
-        ));
-    }
-    for lease in &job.leases {
-        let gpus: Vec<String> = lease.gpus.iter().map(u32::to_string).collect();
-        let mut text = format!(
-            "{}node {}, gpus {}, epoch {}, lease {}, ",
-            if job.spec.nodes > 1 {
-                format!("rank {}, ", lease.rank)
-            } else {
-                String::new()
-            },
-            clean(&lease.node),
-            gpus.join(","),
-            lease.epoch,
-            lease.lease_id
-        );
-        if lease.revoked {
-            text.push_str("revoked");
-        } else if lease.expires_at > now {
-            text.push_str(&format!(
-                "expires {}",
-                format_relative(now, lease.expires_at)
-            ));
-        } else {
-            text.push_str(&format!(
-                "expired {}",
-                format_relative(now, lease.expires_at)
-            ));
-        }
-        kv.push(("lease", text));
-    }
-    if job.failures > 0 {
-        kv.push((
-            "failures",
-            format!("{} of {} retries", job.failures, job.spec.retry.limit),
-        ));
-    }
-    if let Some(t) = job.not_before {
-        kv.push(("retry", format!("not before {}", format_relative(now, t))));
-    }
-    if let Some(t) = job.last_checkpoint_at {
-        kv.push(("checkpoint", format!("last {}", format_relative(now, t))));
-    }
-    if let Some(code) = job.exit_code {
-        kv.push(("exit code", code.to_string()));
-    }
-    for (i, (key, value)) in job.outputs.iter().enumerate() {
-        kv.push((
-            if i == 0 { "outputs" } else { "" },
-            format!("{} = {}", clean(key), clean(value)),
-        ));
-    }
-    if let Some(message) = &job.message {
-        kv.push(("message", clean(message)));
-    }
-    key_values(&kv)
-}
-
-/// `nodes` as a table. GPUS is `lent to jobs / total`; JOBS lists the jobs holding them;
-/// LAST HEARTBEAT says when the agent last reported, and whether it is considered reachable.
-/// Below the table, each GPU the agent reports unhealthy (never leased), and why.
-pub fn render_nodes(nodes: &[NodeView], now: UnixMillis) -> String {
-    if nodes.is_empty() {
-        return "no nodes\n".to_owned();
-    }
-    let rows = nodes
-        .iter()
-        .map(|node| {
-            let used = node.gpus.iter().filter(|g| g.job_id.is_some()).count();
-            let mut jobs: Vec<u64> = node.gpus.iter().filter_map(|g| g.job_id).collect();
-            jobs.sort_unstable();
-            jobs.dedup();
-            let jobs: Vec<String> = jobs.iter().map(u64::to_string).collect();
-            let mut heartbeat = node
-                .last_heartbeat
-                .map_or("never".to_owned(), |t| format_relative(now, t));
-            if !node.reachable {
-                heartbeat.push_str(" (unreachable)");
-            }
-            vec![
-                clean(&node.name),
-                mode_str(node.mode).to_owned(),
-                node.replica
-                    .as_ref()
-                    .map_or("-", |r| r.state.as_str())
-                    .to_owned(),
-                format!("{used}/{}", node.gpus.len()),
-                if jobs.is_empty() {
-                    "-".to_owned()
-                } else {
-                    jobs.join(",")
-                },
-                heartbeat,
-            ]
-        })
-        .collect::<Vec<_>>();
-    let mut text = table(
-        &["NAME", "MODE", "REPLICA", "GPUS", "JOBS", "LAST HEARTBEAT"],
-        &rows,
-    );
-    for node in nodes {
-        for gpu in node.gpus.iter().filter(|g| g.healthy == Some(false)) {
-            let reason = gpu.unhealthy_reason.as_deref().unwrap_or("no reason given");
-            text.push_str(&format!(
-                "{} gpu {} unhealthy, not leased: {}\n",
-                clean(&node.name),
-                gpu.index,
-                clean(reason)
-            ));
-        }
-    }
-    text
-}
-
-fn mode_str(mode: NodeMode) -> &'static str {
-    match mode {
-        NodeMode::Serve => "serve",
-        NodeMode::Lend => "lend",
-    }
-}
-
-/// Left-aligned columns two spaces apart, no trailing spaces.
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut text = String::new();
-    let mut push_row = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut line = String::new();
-        for (cell, width) in cells.zip(&widths) {
-            line.push_str(cell);
-            line.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 2));
-        }
-        text.push_str(line.trim_end());
-        text.push('\n');
-    };
-    push_row(&mut headers.iter().copied());
-    for row in rows {
-        push_row(&mut row.iter().map(String::as_str));
-    }
-    text
-}
-
-/// `key:` padded so that values line up; an empty key continues the previous entry.
-fn key_values(kv: &[(&str, String)]) -> String {
-    let width = kv.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
-    let mut text = String::new();
-    for (key, value) in kv {
-        let label = if key.is_empty() {
-            String::new()
-        } else {
-            format!("{key}:")
-        };
-        text.push_str(format!("{label:<width$}  {value}").trim_end());
-        text.push('\n');
-    }
-    text
-}
-
-/// A duration in the style of `kubectl`: `45s`, `3m12s`, `42m`, `5h3m`, `2d4h`.
-pub fn format_duration(ms: u64) -> String {
-    let s = ms / 1000;
-    let (m, h, d) = (s / 60, s / 3600, s / 86_400);
-    match s {
-        0..120 => format!("{s}s"),
-        120..600 if s.is_multiple_of(60) => format!("{m}m"),
-        120..600 => format!("{m}m{}s", s % 60),
-        600..3600 => format!("{m}m"),
-        3600..86_400 if m.is_multiple_of(60) => format!("{h}h"),
-        3600..86_400 => format!("{h}h{}m", m % 60),
-        _ if h.is_multiple_of(24) => format!("{d}d"),
-        _ => format!("{d}d{}h", h % 24),
-    }
-}
-
-/// `12s ago` for a past instant, `in 25s` for a future one (lease expiry, clock skew).
-pub fn format_relative(now: UnixMillis, at: UnixMillis) -> String {
-    if at <= now {
-        format!("{} ago", format_duration(now - at))
-    } else {
-        format!("in {}", format_duration(at - now))
-    }
-}
-
-/// Words joined by spaces, quoted where a shell would need it.
-fn shell_words(words: &[String]) -> String {
-    let quoted: Vec<String> = words
-        .iter()
-        .map(|w| {
-            let plain = !w.is_empty()
-                && w.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
-            if plain {
-                w.clone()
-            } else {
-                format!("'{}'", w.replace('\'', r"'\''"))
-            }
-        })
-        .collect();
-    clean(&quoted.join(" "))
-}
-
-/// User-supplied text made safe for a terminal: control characters are escaped, so a job
-/// name cannot break a table or send escape sequences.
-pub(crate) fn clean(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
 
-    use nightshift_common::{EnvVar, JobList, JobState, NodeMode};
+    use nightshift_common::{EnvVar, JobList, JobState, JobView, NodeMode};
 
     use super::*;
     use crate::client::fake::{self, T0};
+    use crate::error::parse_error_field;
+    use crate::render::shell_words;
 
     const NOW: UnixMillis = T0 + 300_000;
 
@@ -1018,7 +521,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_bad_job_file_exits_2_before_any_request() {
-        let (url, hits) = fake::serve(fake::coordinator()).await;
+        let (url, hits) = fake::serve(fake::coordinator).await;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("train.yaml");
         std::fs::write(&path, "name: train\nimage: trainer:1\ngpus: 0\n").unwrap();
@@ -1066,7 +569,7 @@ mod tests {
 
     #[tokio::test]
     async fn submit_from_stdin_prints_the_new_job() {
-        let (url, hits) = fake::serve(fake::coordinator()).await;
+        let (url, hits) = fake::serve(fake::coordinator).await;
         let stdin = "name: sft\nimage: trainer:1\ngpus: 2\n";
         let (code, out, err) = cli(&["--coordinator", &url, "submit", "-"], stdin).await;
         assert_eq!(
@@ -1084,7 +587,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_api_refusal_exits_1_naming_the_field() {
-        let (url, _) = fake::serve(fake::coordinator()).await;
+        let (url, _) = fake::serve(fake::coordinator).await;
         let stdin = "name: big\nimage: trainer:1\ngpus: 8\n";
         let (code, out, err) = cli(&["--coordinator", &url, "submit", "-"], stdin).await;
         assert_eq!((code, out.as_str()), (1, ""));
@@ -1134,7 +637,7 @@ mod tests {
 
     #[tokio::test]
     async fn json_output_is_the_api_object() {
-        let (url, _) = fake::serve(fake::coordinator()).await;
+        let (url, _) = fake::serve(fake::coordinator).await;
         let (code, out, _) = cli(&["--coordinator", &url, "jobs", "-o", "json"], "").await;
         assert_eq!(code, 0);
         let list: JobList = serde_json::from_str(&out).unwrap();

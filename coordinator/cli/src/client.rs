@@ -17,13 +17,14 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+use hyper::{Method, StatusCode};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use nightshift_common::{ApiError, JobList, JobSpec, JobView, NodeList};
-use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use url::Url;
 
 /// How long to wait for the TCP connection to the coordinator.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -537,11 +538,10 @@ fn http_client(
     hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     ClientError,
 > {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let provider = nightshift_common::tls::provider();
     let roots = match ca {
-        Some(ca) => {
-            crate::https::load_roots("--ca", ca).map_err(|e| ClientError::Ca(e.to_string()))?
-        }
+        Some(ca) => nightshift_common::tls::load_roots("--ca", ca)
+            .map_err(|e| ClientError::Ca(e.to_string()))?,
         // Plain HTTP only: an empty trust store, so that no https:// peer is ever trusted.
         None => std::sync::Arc::new(rustls::RootCertStore::empty()),
     };
@@ -591,15 +591,15 @@ pub(crate) mod fake {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use axum::extract::{Path, Request};
-    use axum::http::StatusCode;
-    use axum::middleware::{self, Next};
-    use axum::routing::{get, post};
-    use axum::{Json, Router};
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::{Bytes, Incoming};
+    use hyper::{HeaderMap, Method, StatusCode};
+    use hyper_util::rt::TokioIo;
     use nightshift_common::{
         ApiError, CheckpointPolicy, JobList, JobSpec, JobState, JobView, LeaseView, NodeGpuView,
         NodeList, NodeMode, NodeView, ReplicaState, ReplicaStatus, ServingSignals,
     };
+    use serde::Serialize;
 
     pub const T0: u64 = 1_700_000_000_000;
 
@@ -705,92 +705,142 @@ pub(crate) mod fake {
         }
     }
 
-    fn not_found(id: u64) -> (StatusCode, Json<ApiError>) {
-        (
-            StatusCode::NOT_FOUND,
-            Json(ApiError {
-                error: format!("job {id} not found"),
-                field: None,
-            }),
-        )
+    /// A request as the fake sees it.
+    pub struct Request {
+        pub method: Method,
+        pub path: String,
+        pub headers: HeaderMap,
+        pub body: Bytes,
+    }
+
+    /// The fake's answer: a status and a body, or none at all (a coordinator that hangs).
+    pub enum Reply {
+        Body(StatusCode, String),
+        Never,
+    }
+
+    /// `value` as a JSON body.
+    pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Reply {
+        Reply::Body(status, serde_json::to_string(value).unwrap())
+    }
+
+    fn not_found(id: u64) -> Reply {
+        let error = ApiError {
+            error: format!("job {id} not found"),
+            field: None,
+        };
+        json(StatusCode::NOT_FOUND, &error)
     }
 
     /// The canned coordinator: job 7 exists (running), job 8 is queued; submitting more than
     /// 4 GPUs is refused with 409 on `gpus`.
-    pub fn coordinator() -> Router {
-        Router::new()
-            .route("/healthz", get(|| async { "ok" }))
-            .route(
-                "/v1/jobs",
-                post(|Json(spec): Json<JobSpec>| async move {
-                    if spec.gpus > 4 {
-                        let error = ApiError {
-                            error: "no node has more than 4 gpus".into(),
-                            field: Some("gpus".into()),
-                        };
-                        return Err((StatusCode::CONFLICT, Json(error)));
-                    }
-                    Ok((StatusCode::CREATED, Json(queued(9, spec))))
-                })
-                .get(|| async {
-                    Json(JobList {
-                        jobs: vec![
-                            running(7, spec("train-llama", 2)),
-                            queued(8, spec("eval", 1)),
-                        ],
-                    })
-                }),
-            )
-            .route(
-                "/v1/jobs/{id}",
-                get(|Path(id): Path<u64>| async move {
-                    if id == 7 {
-                        Ok(Json(running(7, spec("train-llama", 2))))
-                    } else {
-                        Err(not_found(id))
-                    }
-                }),
-            )
-            .route(
-                "/v1/jobs/{id}/cancel",
-                post(|Path(id): Path<u64>| async move {
-                    if id != 7 {
-                        return Err(not_found(id));
-                    }
-                    Ok(Json(JobView {
-                        state: JobState::Cancelling,
-                        ..running(7, spec("train-llama", 2))
-                    }))
-                }),
-            )
-            .route(
-                "/v1/nodes",
-                get(|| async {
-                    Json(NodeList {
-                        nodes: vec![
-                            node("gpu-01", NodeMode::Serve, [None; 4]),
-                            node("gpu-03", NodeMode::Lend, [Some(7), Some(7), None, None]),
-                        ],
-                    })
-                }),
-            )
+    pub fn coordinator(req: &Request) -> Reply {
+        let job_id = |rest: &str| rest.parse::<u64>().ok();
+        match (&req.method, req.path.as_str()) {
+            (&Method::GET, "/healthz") => Reply::Body(StatusCode::OK, "ok".into()),
+            (&Method::POST, "/v1/jobs") => {
+                let spec: JobSpec = match serde_json::from_slice(&req.body) {
+                    Ok(spec) => spec,
+                    Err(e) => return Reply::Body(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+                };
+                if spec.gpus > 4 {
+                    let error = ApiError {
+                        error: "no node has more than 4 gpus".into(),
+                        field: Some("gpus".into()),
+                    };
+                    return json(StatusCode::CONFLICT, &error);
+                }
+                json(StatusCode::CREATED, &queued(9, spec))
+            }
+            (&Method::GET, "/v1/jobs") => json(
+                StatusCode::OK,
+                &JobList {
+                    jobs: vec![
+                        running(7, spec("train-llama", 2)),
+                        queued(8, spec("eval", 1)),
+                    ],
+                },
+            ),
+            (&Method::GET, "/v1/nodes") => json(
+                StatusCode::OK,
+                &NodeList {
+                    nodes: vec![
+                        node("gpu-01", NodeMode::Serve, [None; 4]),
+                        node("gpu-03", NodeMode::Lend, [Some(7), Some(7), None, None]),
+                    ],
+                },
+            ),
+            (method, path) => {
+                let Some(rest) = path.strip_prefix("/v1/jobs/") else {
+                    return Reply::Body(StatusCode::NOT_FOUND, String::new());
+                };
+                match (method, rest.strip_suffix("/cancel")) {
+                    (&Method::POST, Some(id)) => match job_id(id) {
+                        Some(7) => json(
+                            StatusCode::OK,
+                            &JobView {
+                                state: JobState::Cancelling,
+                                ..running(7, spec("train-llama", 2))
+                            },
+                        ),
+                        Some(id) => not_found(id),
+                        None => Reply::Body(StatusCode::BAD_REQUEST, String::new()),
+                    },
+                    (&Method::GET, None) => match job_id(rest) {
+                        Some(7) => json(StatusCode::OK, &running(7, spec("train-llama", 2))),
+                        Some(id) => not_found(id),
+                        None => Reply::Body(StatusCode::BAD_REQUEST, String::new()),
+                    },
+                    _ => Reply::Body(StatusCode::METHOD_NOT_ALLOWED, String::new()),
+                }
+            }
+        }
     }
 
-    /// Serves `router` on an ephemeral port; returns its base URL and a count of the
-    /// requests it has received.
-    pub async fn serve(router: Router) -> (String, Arc<AtomicUsize>) {
+    /// Serves `routes` on an ephemeral port (HTTP/1.1 on hyper); returns its base URL and a
+    /// count of the requests it has received.
+    pub async fn serve(
+        routes: impl Fn(&Request) -> Reply + Send + Sync + 'static,
+    ) -> (String, Arc<AtomicUsize>) {
         let hits = Arc::new(AtomicUsize::new(0));
-        let counter = hits.clone();
-        let router = router.layer(middleware::from_fn(move |req: Request, next: Next| {
-            let counter = counter.clone();
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                next.run(req).await
-            }
-        }));
+        let routes = Arc::new(routes);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        let counter = hits.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (routes, counter) = (routes.clone(), counter.clone());
+                let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                    let (routes, counter) = (routes.clone(), counter.clone());
+                    async move {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await?.to_bytes();
+                        let request = Request {
+                            method: parts.method,
+                            path: parts.uri.path().to_owned(),
+                            headers: parts.headers,
+                            body,
+                        };
+                        let (status, body) = match routes(&request) {
+                            Reply::Body(status, body) => (status, body),
+                            Reply::Never => std::future::pending().await,
+                        };
+                        let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+                        *response.status_mut() = status;
+                        Ok::<_, hyper::Error>(response)
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
         (format!("http://{addr}"), hits)
     }
 
@@ -805,16 +855,14 @@ pub(crate) mod fake {
 
 #[cfg(test)]
 mod tests {
-    use axum::Router;
-    use axum::routing::get;
     use nightshift_common::{JobState, NodeList};
 
-    use super::fake::{self, serve};
+    use super::fake::{self, Reply, json, serve};
     use super::*;
 
     #[tokio::test]
     async fn calls_decode_the_api_objects() {
-        let (url, hits) = serve(fake::coordinator()).await;
+        let (url, hits) = serve(fake::coordinator).await;
         let client = Client::new(&url).unwrap();
         client.healthz().await.unwrap();
         let job = client.submit(&fake::spec("sft", 2)).await.unwrap();
@@ -831,7 +879,7 @@ mod tests {
 
     #[tokio::test]
     async fn refusals_keep_status_and_field() {
-        let (url, _) = serve(fake::coordinator()).await;
+        let (url, _) = serve(fake::coordinator).await;
         let client = Client::new(&url).unwrap();
         let err = client.submit(&fake::spec("big", 8)).await.unwrap_err();
         assert_eq!(err.status(), Some(StatusCode::CONFLICT));
@@ -847,13 +895,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_that_is_not_the_api_object_is_a_decode_error() {
-        let router = Router::new()
-            .route("/v1/nodes", get(|| async { r#"{"nodes": [{"name": 3}]}"# }))
-            .route(
-                "/v1/jobs",
-                get(|| async { (StatusCode::BAD_GATEWAY, "upstream connect error") }),
-            );
-        let (url, _) = serve(router).await;
+        let (url, _) = serve(|req| match req.path.as_str() {
+            "/v1/nodes" => Reply::Body(StatusCode::OK, r#"{"nodes": [{"name": 3}]}"#.into()),
+            _ => Reply::Body(StatusCode::BAD_GATEWAY, "upstream connect error".into()),
+        })
+        .await;
         let client = Client::new(&url).unwrap();
         let err = client.nodes().await.unwrap_err();
         assert!(matches!(err, ClientError::Decode { .. }), "{err:?}");
@@ -871,8 +917,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_coordinator_that_never_answers_times_out() {
-        let router = Router::new().route("/v1/jobs", get(std::future::pending::<String>));
-        let (url, _) = serve(router).await;
+        let (url, _) = serve(|_| Reply::Never).await;
         let client = Client::with_timeouts(&url, None, CONNECT_TIMEOUT, Duration::from_millis(200));
         let err = client.unwrap().jobs().await.unwrap_err();
         assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
@@ -898,23 +943,22 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_goes_as_a_bearer_and_is_never_shown() {
-        use axum::http::HeaderMap;
-        let router = Router::new().route(
-            "/v1/nodes",
-            get(|headers: HeaderMap| async move {
-                let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
-                if auth == Some("Bearer nst_secret") {
-                    Ok(axum::Json(NodeList { nodes: vec![] }))
-                } else {
-                    let error = ApiError {
-                        error: "an API token is required".into(),
-                        field: None,
-                    };
-                    Err((StatusCode::UNAUTHORIZED, axum::Json(error)))
-                }
-            }),
-        );
-        let (url, _) = serve(router).await;
+        let (url, _) = serve(|req| {
+            let auth = req
+                .headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok());
+            if auth == Some("Bearer nst_secret") {
+                json(StatusCode::OK, &NodeList { nodes: vec![] })
+            } else {
+                let error = ApiError {
+                    error: "an API token is required".into(),
+                    field: None,
+                };
+                json(StatusCode::UNAUTHORIZED, &error)
+            }
+        })
+        .await;
         let anonymous = Client::new(&url).unwrap();
         let err = anonymous.nodes().await.unwrap_err();
         assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));

@@ -1,7 +1,7 @@
 //! `nightshift simulate` from the command line: the same seed prints identical JSON with the
 //! documented keys, and bad input is refused with exit code 2.
 
-use nightshift_coordinator::cli;
+use nightshift_cli::cli;
 use serde_json::Value;
 
 async fn simulate(args: &[&str]) -> (i32, String, String) {

@@ -1,7 +1,8 @@
 //! `nightshift demo`: the whole harvest loop on this machine, with Docker and no GPU.
 //!
-//! It starts a coordinator (SQLite in a temporary folder), one agent with 4 fake GPUs, the
-//! vLLM stand-in as the serving replica behind a small gateway, and a load generator. Then it
+//! It starts the real `nightshift-coordinator` and `nightshift-agent` programs (SQLite in a
+//! temporary folder, 4 fake GPUs; see [`crate::cluster`]), the vLLM stand-in as the serving
+//! replica behind a small gateway, and a load generator. Then it
 //! tells the story: light load → night (the replica drains, a toy trainer runs on its GPUs
 //! and checkpoints) → a surge (the node is reclaimed: the job is checkpointed and stopped,
 //! vLLM restarts, the held requests are served) → the load falls → the job resumes from its
@@ -12,24 +13,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nightshift_agent::agent::AgentHandle;
-use nightshift_agent::config::AgentConfig;
-use nightshift_agent::engine::Engine;
-use nightshift_agent::engine::docker::DockerEngine;
-use nightshift_agent::gpus::fake::FakeGpus;
-use nightshift_agent::serving::http::HttpServing;
+use nightshift_cli::client::Client;
 use nightshift_common::{
     CheckpointPolicy, EnvVar, JobSpec, JobState, PhaseRecord, ReplicaState, SequenceKind, labels,
 };
 use serde_json::json;
 
-use crate::client::Client;
-use crate::config::{CoordinatorConfig, ScaleDownConfig, ScaleUpConfig, ServiceConfig};
+use crate::cluster::{Binaries, DevCluster, TRAINER_IMAGE, VLLM_IMAGE};
 use crate::gateway::{self, GatewayConfig};
 use crate::loadgen::{LoadGen, RequestShape};
 
-const VLLM_IMAGE: &str = "nightshift/vllm-standin:dev";
-const TRAINER_IMAGE: &str = "nightshift/toy-trainer:dev";
 const LIGHT_RATE: f64 = 4.0;
 const SURGE_RATE: f64 = 24.0;
 /// The trainer: 1200 steps at 60 per second (20 s of work), a checkpoint every 60 steps.
@@ -68,12 +61,50 @@ impl Timeline {
     }
 }
 
-/// Runs the demo; returns the process exit code (0 when every promise held).
+/// What the demo has seen of the agent: its replica's state (from the agent's `/status`) and
+/// every finished phase of its drains and reclaims (from the coordinator's view of the node).
+#[derive(Default)]
+struct Seen {
+    replica: Option<ReplicaState>,
+    phases: Vec<PhaseRecord>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn replica(seen: &Shared) -> Option<ReplicaState> {
+    seen.lock().unwrap_or_else(|p| p.into_inner()).replica
+}
+
+/// Runs the demo; returns the process exit code (0 when every promise held). The coordinator
+/// and agent programs are stopped and the node's containers removed on every way out: the
+/// story's end, its failure, and Ctrl-C or SIGTERM.
 pub async fn run(json: bool) -> anyhow::Result<i32> {
+    let binaries = Binaries::find()?;
     ensure_images().await?;
+    // The node is named after this process, so that containers of two demos never mix.
     let node = format!("demo-{}", std::process::id());
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
-    let result = story(&node, dir.path(), !json).await;
+    let mut cluster = None;
+    let (result, failed) = tokio::select! {
+        result = story(&binaries, &node, dir.path(), !json, &mut cluster) => {
+            let failed = result.is_err();
+            (result, failed)
+        }
+        signal = interrupted() => (Err(anyhow::anyhow!("interrupted by {signal}")), false),
+    };
+    if let Some(cluster) = cluster.as_mut() {
+        // A failure shows what the programs said last; an interruption does not need to.
+        if failed {
+            for log in cluster.logs() {
+                eprintln!(
+                    "--- the end of {}:\n{}",
+                    log.display(),
+                    crate::cluster::tail(log, 15)
+                );
+            }
+        }
+        cluster.stop().await;
+    }
     remove_containers(&node).await;
     let report = result?;
     let ok = report["ok"].as_bool().unwrap_or(false);
@@ -85,36 +116,78 @@ pub async fn run(json: bool) -> anyhow::Result<i32> {
     Ok(if ok { 0 } else { 1 })
 }
 
-async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json::Value> {
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM, naming it.
+async fn interrupted() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}
+
+async fn story(
+    binaries: &Binaries,
+    node: &str,
+    dir: &Path,
+    live: bool,
+    slot: &mut Option<DevCluster>,
+) -> anyhow::Result<serde_json::Value> {
     let timeline = Arc::new(Timeline {
         start: Instant::now(),
         live,
         events: Mutex::new(Vec::new()),
     });
-    let coordinator = start_coordinator(&dir.join("coordinator")).await?;
+    let cluster = slot.insert(DevCluster::start(binaries, dir, node).await?);
     timeline.note(format!(
-        "coordinator up at {} (state in {})",
-        coordinator.url,
+        "{} up at {} and {} up as node {node} with 4 fake GPUs (state and logs in {}); \
+         starting the vLLM stand-in",
+        crate::cluster::COORDINATOR_BIN,
+        cluster.url,
+        crate::cluster::AGENT_BIN,
         dir.display()
     ));
-    let client = Client::new(&coordinator.url)?;
-    let agent = start_agent(&coordinator.url, node, &dir.join("agent")).await?;
-    timeline.note(format!(
-        "agent {node} up with 4 fake GPUs; starting the vLLM stand-in"
-    ));
+    let client = Client::new(&cluster.url)?;
+    let seen = Shared::default();
     let watcher = tokio::spawn(watch(
         timeline.clone(),
         client.clone(),
-        agent.handle.shared.clone(),
+        cluster.agent_status_url.clone(),
+        node.to_owned(),
+        seen.clone(),
     ));
+    let result = tell(cluster, &client, &timeline, &seen).await;
+    watcher.abort();
+    result
+}
 
+/// The story proper, once the cluster is up.
+async fn tell(
+    cluster: &mut DevCluster,
+    client: &Client,
+    timeline: &Arc<Timeline>,
+    seen: &Shared,
+) -> anyhow::Result<serde_json::Value> {
     let gw_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let gw_url = format!("http://{}", gw_listener.local_addr()?);
     let gateway = gateway::start(
         gw_listener,
         GatewayConfig {
-            agent_status_url: agent.status_url.clone(),
-            coordinator_url: coordinator.url.clone(),
+            agent_status_url: cluster.agent_status_url.clone(),
+            coordinator_url: cluster.url.clone(),
             service: "default".into(),
             hold_timeout: Duration::from_secs(150),
             poll: Duration::from_millis(100),
@@ -123,11 +196,8 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
     )
     .await;
 
-    let shared = agent.handle.shared.clone();
-    wait("the replica to serve", || {
-        shared.observed().replica == ReplicaState::Serving
-    })
-    .await?;
+    let serving = || replica(seen) == Some(ReplicaState::Serving);
+    wait(cluster, "the replica to serve", serving).await?;
     let load = LoadGen::start(&gw_url, LIGHT_RATE, RequestShape::default());
     timeline.note(format!(
         "evening: light load, {LIGHT_RATE} requests/s through the gateway"
@@ -143,13 +213,13 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
     load.set_rate(0.0);
     timeline.note("night: the load stops");
 
-    wait_job(&client, job.id, |s| s == JobState::Running).await?;
-    let checkpoints = dir
-        .join("agent")
+    wait_job(cluster, client, job.id, |s| s == JobState::Running).await?;
+    let checkpoints = cluster
+        .agent_work_dir
         .join("jobs")
         .join(job.id.to_string())
         .join("checkpoints");
-    wait("the job's first checkpoint", || {
+    wait(cluster, "the job's first checkpoint", || {
         has_checkpoint(&checkpoints)
     })
     .await?;
@@ -160,10 +230,7 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
     timeline.note(format!(
         "morning surge: {SURGE_RATE} requests/s; the gateway holds them while no replica is ready"
     ));
-    wait("the replica to serve again", || {
-        shared.observed().replica == ReplicaState::Serving
-    })
-    .await?;
+    wait(cluster, "the replica to serve again", serving).await?;
     let serving_again = surge_at.elapsed();
     timeline.note(format!(
         "serving again {:.1}s after the surge began",
@@ -173,19 +240,20 @@ async fn story(node: &str, dir: &Path, live: bool) -> anyhow::Result<serde_json:
 
     load.set_rate(0.0);
     timeline.note("the surge is over: load falls to zero");
-    let done = wait_job(&client, job.id, JobState::is_finished).await?;
-    wait("the replica to serve after the job", || {
-        shared.observed().replica == ReplicaState::Serving
-    })
-    .await?;
+    let done = wait_job(cluster, client, job.id, JobState::is_finished).await?;
+    wait(cluster, "the replica to serve after the job", serving).await?;
     timeline.note("the node serves again");
 
     let stats = load.finish(Duration::from_secs(60)).await;
     let gw = gateway.stats();
     gateway.stop();
-    watcher.abort();
-    let phases = shared.phases();
-    agent.handle.stop();
+    // The phases the coordinator has passed on by now (it hears them with each heartbeat).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let phases = seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .phases
+        .clone();
 
     let resumed_from: u64 = done
         .outputs
@@ -335,9 +403,16 @@ fn has_checkpoint(attempts: &Path) -> bool {
     std::fs::read_dir(attempts).is_ok_and(|d| d.flatten().any(|e| holds_one(&e.path())))
 }
 
-async fn wait(what: &str, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
+/// Polls `done` until it holds, failing when a program of the cluster exits or after
+/// [`STEP_TIMEOUT`].
+async fn wait(
+    cluster: &mut DevCluster,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     while !done() {
+        cluster.check_running()?;
         if started.elapsed() > STEP_TIMEOUT {
             bail!("timed out after {STEP_TIMEOUT:?} waiting for {what}");
         }
@@ -347,6 +422,7 @@ async fn wait(what: &str, mut done: impl FnMut() -> bool) -> anyhow::Result<()> 
 }
 
 async fn wait_job(
+    cluster: &mut DevCluster,
     client: &Client,
     id: u64,
     done: impl Fn(JobState) -> bool,
@@ -357,6 +433,7 @@ async fn wait_job(
         if done(job.state) {
             return Ok(job);
         }
+        cluster.check_running()?;
         if started.elapsed() > STEP_TIMEOUT {
             bail!(
                 "timed out after {STEP_TIMEOUT:?}: job {id} is {}",
@@ -367,37 +444,55 @@ async fn wait_job(
     }
 }
 
-/// Notes every change of the replica, the job states and each finished phase.
+/// The replica's state as the agent's `/status` says.
+async fn read_replica(http: &reqwest::Client, status_url: &str) -> Option<ReplicaState> {
+    let status: serde_json::Value = http.get(status_url).send().await.ok()?.json().await.ok()?;
+    serde_json::from_value(status.get("replica")?.clone()).ok()
+}
+
+/// Every 100 ms: reads the replica's state from the agent and the node's phases and the jobs
+/// from the coordinator, keeps them in `seen` and notes each change on the timeline.
 async fn watch(
     timeline: Arc<Timeline>,
     client: Client,
-    shared: Arc<nightshift_agent::state::Shared>,
+    status_url: String,
+    node: String,
+    seen: Shared,
 ) {
-    let mut replica = None;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap_or_default();
     let mut jobs = std::collections::BTreeMap::new();
-    let mut last_seq = 0;
     loop {
-        let r = shared.observed().replica;
-        if replica != Some(r) {
-            timeline.note(format!("replica {}", r.as_str()));
-            replica = Some(r);
+        if let Some(r) = read_replica(&http, &status_url).await {
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.replica != Some(r) {
+                timeline.note(format!("replica {}", r.as_str()));
+                seen.replica = Some(r);
+            }
         }
-        let fresh: Vec<PhaseRecord> = shared
-            .phases()
-            .into_iter()
-            .filter(|p| p.seq > last_seq)
-            .collect();
-        for p in fresh {
-            last_seq = p.seq;
-            let seq = match p.sequence {
-                SequenceKind::Drain => "drain",
-                SequenceKind::Reclaim => "reclaim",
-            };
-            timeline.note(format!(
-                "  {seq}: {} {:.2}s",
-                p.phase,
-                p.duration_ms as f64 / 1000.0
-            ));
+        if let Ok(list) = client.nodes().await {
+            let recent = list
+                .nodes
+                .into_iter()
+                .find(|n| n.name == node)
+                .map(|n| n.recent_phases)
+                .unwrap_or_default();
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            let last_seq = seen.phases.last().map_or(0, |p| p.seq);
+            for p in recent.into_iter().filter(|p| p.seq > last_seq) {
+                let seq = match p.sequence {
+                    SequenceKind::Drain => "drain",
+                    SequenceKind::Reclaim => "reclaim",
+                };
+                timeline.note(format!(
+                    "  {seq}: {} {:.2}s",
+                    p.phase,
+                    p.duration_ms as f64 / 1000.0
+                ));
+                seen.phases.push(p);
+            }
         }
         if let Ok(list) = client.jobs().await {
             for j in list.jobs {
@@ -420,109 +515,30 @@ async fn watch(
     }
 }
 
-struct DemoCoordinator {
-    url: String,
-}
-
-async fn start_coordinator(data_dir: &Path) -> anyhow::Result<DemoCoordinator> {
-    let cfg = CoordinatorConfig {
-        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: data_dir.to_owned(),
-        heartbeat_interval_ms: 250,
-        tls: None,
-        policy: Default::default(),
-        lease_ttl_ms: 15_000,
-        services: vec![ServiceConfig {
-            name: "default".into(),
-            // One node: lending it leaves none serving, so the gateway holds requests meanwhile.
-            min_replicas: 0,
-            cooldown_s: 2.0,
-            gateway_signal_ttl_s: 1.0,
-            scale_down: ScaleDownConfig {
-                max_waiting: 0.0,
-                max_running_per_replica: 4.0,
-                window_s: 2.0,
-                ..ScaleDownConfig::default()
-            },
-            scale_up: ScaleUpConfig {
-                waiting_per_replica: 2.0,
-                running_per_replica: 8.0,
-                ..ScaleUpConfig::default()
-            },
-            ..ServiceConfig::default()
-        }],
-        ..CoordinatorConfig::default()
-    };
-    cfg.validate()?;
-    let cluster = crate::server::open(&cfg)?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        if let Err(e) = crate::server::serve(listener, cluster, std::future::pending()).await {
-            tracing::error!(error = %e, "demo coordinator stopped");
-        }
-    });
-    Ok(DemoCoordinator { url })
-}
-
-struct DemoAgent {
-    handle: AgentHandle,
-    status_url: String,
-}
-
-async fn start_agent(coordinator: &str, node: &str, work_dir: &Path) -> anyhow::Result<DemoAgent> {
-    let mut cfg = AgentConfig {
-        coordinator: coordinator.to_owned(),
-        node: node.to_owned(),
-        work_dir: work_dir.to_owned(),
-        readiness_grace_s: 0.5,
-        drain_timeout_s: 60.0,
-        free_timeout_s: 10.0,
-        health_timeout_s: 120.0,
-        api_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
-        ..AgentConfig::default()
-    };
-    cfg.gpus.fake = Some(4);
-    cfg.replica.image = VLLM_IMAGE.into();
-    cfg.replica.host_ip = "127.0.0.1".into();
-    cfg.replica.host_port = 0;
-    cfg.replica.shutdown_timeout_s = 30.0;
-    cfg.replica.env = vec![
-        // A model load of 3 s, so that the cold start shows on the timeline.
-        "STANDIN_LOAD_DELAY_MS=3000".into(),
-        "STANDIN_TOKEN_LATENCY_MS=10".into(),
-        "STANDIN_MAX_NUM_SEQS=16".into(),
-        "STANDIN_SHUTDOWN_TIMEOUT_S=30".into(),
-    ];
-    cfg.validate()?;
-    let engine = DockerEngine::connect().await?;
-    let serving = HttpServing::new()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let handle = nightshift_agent::agent::start(
-        cfg,
-        engine,
-        FakeGpus::new(node, 4),
-        serving,
-        Some(listener),
-    )?;
-    let status_url = format!("{}/status", handle.api_url.as_deref().unwrap_or_default());
-    Ok(DemoAgent { handle, status_url })
-}
-
 /// Builds the stand-in images with `tests/images/build.sh` when they are missing.
 async fn ensure_images() -> anyhow::Result<()> {
-    let docker = bollard::Docker::connect_with_local_defaults()
-        .context("connecting to the Docker engine (is dockerd running?)")?;
     let mut missing = Vec::new();
     for image in [VLLM_IMAGE, TRAINER_IMAGE] {
-        if docker.inspect_image(image).await.is_err() {
+        let inspect = tokio::process::Command::new("docker")
+            .args(["image", "inspect", image])
+            .output()
+            .await
+            .context("running docker (is the Docker CLI installed?)")?;
+        if !inspect.status.success() {
+            let stderr = String::from_utf8_lossy(&inspect.stderr);
+            if stderr.contains("Cannot connect") || stderr.contains("permission denied") {
+                bail!(
+                    "docker cannot reach its engine (is dockerd running?): {}",
+                    stderr.trim()
+                );
+            }
             missing.push(image);
         }
     }
     if missing.is_empty() {
         return Ok(());
     }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/images/build.sh");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../images/build.sh");
     if !script.exists() {
         bail!(
             "images {} are missing and {} is not here to build them; run the demo from a \
@@ -545,16 +561,37 @@ async fn ensure_images() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes every container the demo's agent started.
+/// Removes every container the demo's agent started (the agent, stopped, leaves them for
+/// its next start to adopt).
 async fn remove_containers(node: &str) {
-    let Ok(engine) = DockerEngine::connect().await else {
+    let filter = format!("label={}={node}", labels::MANAGED_BY);
+    let Ok(out) = tokio::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &filter])
+        .output()
+        .await
+    else {
         return;
     };
-    let filter =
-        std::collections::BTreeMap::from([(labels::MANAGED_BY.to_owned(), node.to_owned())]);
-    for c in engine.list(&filter).await.unwrap_or_default() {
-        if let Err(e) = engine.remove(&c.id).await {
-            eprintln!("warning: could not remove container {}: {e}", c.name);
-        }
+    let ids = String::from_utf8_lossy(&out.stdout);
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    if ids.is_empty() {
+        return;
+    }
+    match tokio::process::Command::new("docker")
+        .args(["rm", "-f"])
+        .args(&ids)
+        .output()
+        .await
+    {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => eprintln!(
+            "warning: could not remove containers {}: {}",
+            ids.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => eprintln!(
+            "warning: could not remove containers {}: {e}",
+            ids.join(" ")
+        ),
     }
 }
