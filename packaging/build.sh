@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the nightshift packages into target/packages/:
-#   .deb (cargo-deb) and .rpm (cargo-generate-rpm) of nightshift-agent,
-#   nightshift-coordinator and the CLI nightshift.
+#   .deb (cargo-deb) and .rpm (cargo-generate-rpm) of nightshift-agent (crate agent/),
+#   nightshift-coordinator (crate coordinator/) and the CLI nightshift (crate coordinator/cli/,
+#   package nightshift-cli), each from its own crate's metadata.
 # Installs cargo-deb and cargo-generate-rpm with `cargo install --locked` when they are
 # missing (about 1.5 and 4.5 minutes on 2 cores, once per machine).
 set -euo pipefail
@@ -32,23 +33,10 @@ strip target/release/nightshift-agent target/release/nightshift-coordinator targ
 rm -rf "$out"
 mkdir -p "$out"
 cargo deb --no-build --locked -Z gz -p nightshift-agent -o "$out/" >/dev/null
-cargo deb --no-build --locked -Z gz -p nightshift-coordinator --variant coordinator -o "$out/" >/dev/null
 cargo deb --no-build --locked -Z gz -p nightshift-coordinator -o "$out/" >/dev/null
-# cargo-deb takes the one-line Description from the crate's `description`, which the coordinator
-# and the CLI share (one crate, two packages): give each package its own, the rpm's summary.
-describe() { # describe DEB SUMMARY
-    local tree
-    tree="$(mktemp -d)"
-    dpkg-deb -R "$1" "$tree"
-    sed -i "s|^Description: .*|Description: $2|" "$tree/DEBIAN/control"
-    dpkg-deb --root-owner-group -Zgzip -b "$tree" "$1" >/dev/null
-    rm -rf "$tree"
-}
-describe "$(ls "$out"/nightshift-coordinator_*.deb)" \
-    "nightshift coordinator: job queue, scaling decisions and GPU leases"
-describe "$(ls "$out"/nightshift_*.deb)" "nightshift command line: submit and watch GPU-harvesting jobs"
+cargo deb --no-build --locked -Z gz -p nightshift-cli -o "$out/" >/dev/null
 cargo generate-rpm -p agent -o "$out/" >/dev/null
-cargo generate-rpm -p coordinator --variant coordinator -o "$out/" >/dev/null
 cargo generate-rpm -p coordinator -o "$out/" >/dev/null
+cargo generate-rpm -p coordinator/cli -o "$out/" >/dev/null
 echo "packaging/build.sh: built in $((SECONDS - started)) s:" >&2
 ls -1 "$out" >&2
