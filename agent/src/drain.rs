@@ -71,7 +71,7 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
             }
             Some((Phase::WaitInFlight, began)) => {
                 let idle = p.requests_running == Some(0.0) && p.requests_waiting == Some(0.0);
-                let gone = p.requests_running.is_none() && p.health == Health::Unreachable;
+                let gone = p.requests_running.is_none() && p.health == Some(Health::Unreachable);
                 let late =
                     now.duration_since(began) >= Duration::from_secs_f64(cfg.drain_timeout_s);
                 let mut steps = match (idle, gone, late) {

@@ -45,7 +45,9 @@ pub struct ReplicaProbe {
     pub container_id: String,
     /// Where it answers; `None` while its port is not bound.
     pub url: Option<String>,
-    pub health: Health,
+    /// `/health`; this and the readings below are `None` when vLLM was not asked this round
+    /// (a replica serving with no sequence under way is left alone).
+    pub health: Option<Health>,
     pub requests_running: Option<f64>,
     pub requests_waiting: Option<f64>,
     /// `/is_sleeping`; `None` when it did not answer.
@@ -315,7 +317,7 @@ fn adopt(obs: &Observation, mem: &Memory) -> Vec<Step> {
     let Some(p) = &obs.replica else {
         return Vec::new();
     };
-    let healthy = p.health == Health::Healthy;
+    let healthy = p.health == Some(Health::Healthy);
     let event = ReplicaEvent::Adopted {
         healthy,
         asleep: healthy && p.is_sleeping == Some(true),

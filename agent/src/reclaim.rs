@@ -113,7 +113,7 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
             let Some(began) = mem.since(Phase::WaitHealth) else {
                 return vec![Step::Enter(Some(Phase::WaitHealth))];
             };
-            if p.health == Health::Healthy {
+            if p.health == Some(Health::Healthy) {
                 return vec![
                     Step::Record {
                         sequence: RECLAIM,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_common::labels;
-use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, SequenceKind};
+use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
 use tokio::time::Instant;
 
 use crate::config::AgentConfig;
@@ -79,9 +79,9 @@ pub struct Reconciler<E, G, S> {
 /// How often a sequence that waits looks again.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
 
-/// Rounds of one pass at most: a plan that makes no progress ends the pass with an error
-/// rather than spinning (waits poll, so this is over 10 minutes of waiting).
-const MAX_ROUNDS: usize = 5_000;
+/// Rounds of one pass at most: a plan that makes no progress ends the pass, loudly, rather
+/// than spinning. Waits poll, so this is over an hour of waiting, beyond every timeout.
+const MAX_ROUNDS: usize = 20_000;
 
 impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     pub fn new(
@@ -121,9 +121,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     pub async fn pass(&mut self) -> Result<(), ReconcileError> {
         self.mem.unremovable.clear();
         let mut changed = self.shared.subscribe_desired();
-        let heard = self.shared.desired();
+        let mut acted_on = None;
         for round in 0..MAX_ROUNDS {
             let heard = self.shared.desired();
+            acted_on = heard.as_ref().map(|d| d.version);
             let since_contact = self.shared.since_contact();
             if let Some(d) = &heard
                 && let Some(alarm) = failsafe::track(&self.cfg, d, since_contact, &mut self.mem)
@@ -138,7 +139,12 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 .as_ref()
                 .map(|d| failsafe::effective(&self.cfg, d, since_contact, &self.mem));
 
-            let obs = self.observe().await?;
+            // A replica serving with no sequence under way is left alone: the heartbeat
+            // scrapes it already.
+            let ask = heard.is_none()
+                || self.mem.replica != ReplicaState::Serving
+                || self.mem.phase.is_some();
+            let obs = self.observe(ask).await?;
             self.mem.learn_fences(&obs.containers);
             let leases = match &desired {
                 Some(d) => self.honoured(d, round == 0),
@@ -181,8 +187,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 tracing::error!(node = %self.node(), "reconcile pass made no progress; ending it");
             }
         }
-        if let Some(d) = heard {
-            self.shared.update(|o| o.applied_version = d.version);
+        if let Some(version) = acted_on {
+            self.shared.update(|o| o.applied_version = version);
         }
         Ok(())
     }
@@ -193,9 +199,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         self.engine.list(&filter).await
     }
 
-    /// Reads the host: containers, GPU memory, the running replica's vLLM, the checkpoint
-    /// volume.
-    async fn observe(&self) -> Result<Observation, ReconcileError> {
+    /// Reads the host: containers, GPU memory, the running replica's vLLM (when `ask`), the
+    /// checkpoint volume.
+    async fn observe(&self, ask: bool) -> Result<Observation, ReconcileError> {
         let containers = self.managed().await?;
         let gpus = self.gpus.inventory()?.iter().map(|g| g.index).collect();
         let gpu_memory = match self.gpus.status() {
@@ -212,7 +218,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         };
         let replica =
             match plan::replica(&containers).filter(|c| c.state == ContainerState::Running) {
-                Some(c) => Some(self.probe(c).await),
+                Some(c) => Some(self.probe(c, ask).await),
                 None => None,
             };
         let checkpoint_free_bytes = self
@@ -228,19 +234,19 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         })
     }
 
-    async fn probe(&self, c: &Container) -> ReplicaProbe {
+    async fn probe(&self, c: &Container, ask: bool) -> ReplicaProbe {
         let url = crate::replica::url(&self.cfg, c);
         let mut probe = ReplicaProbe {
             container_id: c.id.clone(),
             url: url.clone(),
-            health: crate::serving::Health::Unreachable,
+            health: None,
             requests_running: None,
             requests_waiting: None,
             is_sleeping: None,
             sleep_state: None,
         };
-        if let Some(u) = &url {
-            probe.health = self.serving.health(u).await;
+        if let Some(u) = url.as_ref().filter(|_| ask) {
+            probe.health = Some(self.serving.health(u).await);
             let s = self.serving.signals(u).await;
             probe.requests_running = s.requests_running;
             probe.requests_waiting = s.requests_waiting;

@@ -86,7 +86,8 @@ impl Shared {
     /// Whether the load balancer may send requests to this node's replica: only while it
     /// serves (not starting, draining, asleep or stopped).
     pub fn ready(&self) -> bool {
-        crate::lifecycle::ready(self.observed().replica)
+        let o = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        crate::lifecycle::ready(o.replica)
     }
 
     /// Moves the replica's state by `event` through its transition function, the only way it

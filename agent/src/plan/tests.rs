@@ -87,7 +87,7 @@ fn probe(running: f64) -> ReplicaProbe {
     ReplicaProbe {
         container_id: "r".into(),
         url: Some("http://127.0.0.1:8000".into()),
-        health: Health::Healthy,
+        health: Some(Health::Healthy),
         requests_running: Some(running),
         requests_waiting: Some(0.0),
         is_sleeping: Some(false),
@@ -361,7 +361,7 @@ fn reclaim_confirms_the_gpus_free_then_starts_the_replica_and_waits_for_health()
         [Step::StartReplica, Step::Enter(Some(Phase::WaitHealth))]
     );
     let mut loading = serving_host(0.0, 70 * GIB);
-    loading.replica.as_mut().unwrap().health = Health::Unreachable;
+    loading.replica.as_mut().unwrap().health = Some(Health::Unreachable);
     let mem = memory(ReplicaState::Starting, Some((Phase::WaitHealth, t0)));
     assert_eq!(
         plan(&cfg, Some(&serve), &[], &loading, &mem, t0),
