@@ -355,3 +355,124 @@ fn gpu_indices(access: &GpuAccess) -> Vec<u32> {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{ContainerSpec, Engine, EngineError};
+    use crate::gpus::Gpus;
+    use crate::serving::{Health, ServingMetrics};
+
+    fn spec(name: &str, image: &str, role: &str, gpus: Vec<u32>) -> ContainerSpec {
+        ContainerSpec {
+            name: name.into(),
+            image: image.into(),
+            labels: BTreeMap::from([(labels::ROLE.to_owned(), role.to_owned())]),
+            gpus: GpuAccess::VisibleDevicesEnv { indices: gpus },
+            ..ContainerSpec::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn containers_exit_alone_take_their_signal_or_are_killed_after_the_grace() {
+        let node = FakeNode::new("n", 2);
+        node.behave(
+            "done:1",
+            Behaviour {
+                exits_after: Some((Duration::from_secs(3), 2)),
+                ..Behaviour::default()
+            },
+        );
+        node.behave(
+            "deaf:1",
+            Behaviour {
+                ignores_signal: true,
+                ..Behaviour::default()
+            },
+        );
+        let e = &node.engine;
+        let done = e.run(&spec("a", "done:1", "job", vec![0])).await.unwrap();
+        let deaf = e.run(&spec("b", "deaf:1", "job", vec![1])).await.unwrap();
+        let polite = e.run(&spec("c", "polite:1", "job", vec![])).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let state = |id: &str| {
+            node.containers()
+                .into_iter()
+                .find(|c| c.id == id)
+                .map(|c| c.state)
+        };
+        assert_eq!(state(&done), Some(ContainerState::Exited { exit_code: 2 }));
+        let t = Instant::now();
+        e.stop(&polite, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(t.elapsed(), Duration::from_millis(100));
+        assert_eq!(
+            state(&polite),
+            Some(ContainerState::Exited { exit_code: 143 })
+        );
+        let t = Instant::now();
+        e.stop(&deaf, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(t.elapsed(), Duration::from_secs(10));
+        assert_eq!(
+            state(&deaf),
+            Some(ContainerState::Exited { exit_code: 137 })
+        );
+        node.image_missing("gone:1");
+        assert!(matches!(
+            e.run(&spec("d", "gone:1", "job", vec![])).await,
+            Err(EngineError::ImageMissing(_))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gpu_memory_frees_some_time_after_its_container_ends() {
+        let node = FakeNode::new("n", 2);
+        node.set_memory_frees_after(Duration::from_secs(2));
+        let id = node
+            .engine
+            .run(&spec("a", "t:1", "job", vec![1]))
+            .await
+            .unwrap();
+        let used = |i: u32| node.gpus.status().unwrap()[i as usize].memory_used_bytes;
+        assert_eq!((used(0), used(1)), (0, 10 * GIB));
+        node.engine.stop(&id, Duration::from_secs(5)).await.unwrap();
+        node.engine.remove(&id).await.unwrap();
+        assert_eq!(used(1), 10 * GIB, "the driver still shows it");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(used(1), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn vllm_loads_drains_slowly_sleeps_and_wakes() {
+        let node = FakeNode::new("n", 1);
+        let v = &node.vllm;
+        node.engine
+            .run(&spec("r", "vllm", labels::ROLE_REPLICA, vec![0]))
+            .await
+            .unwrap();
+        assert_eq!(v.health("u").await, Health::Unreachable, "loading");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(v.health("u").await, Health::Healthy);
+        node.set_load(5, 2, Duration::from_secs(1));
+        let s = v.signals("u").await;
+        assert_eq!(
+            (s.requests_running, s.requests_waiting),
+            (Some(2.0), Some(3.0))
+        );
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let s = v.signals("u").await;
+        assert_eq!(
+            (s.requests_running, s.requests_waiting),
+            (Some(1.0), Some(0.0))
+        );
+        assert_eq!(node.memory_used(0), 70 * GIB);
+        v.sleep("u", 1, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(v.is_sleeping("u").await, Some(true));
+        assert_eq!(node.memory_used(0), 1_300_000_000);
+        v.wake_up("u", Duration::from_secs(60)).await.unwrap();
+        assert_eq!(v.is_sleeping("u").await, Some(false));
+        assert_eq!(
+            node.vllm_calls(),
+            [VllmCall::Sleep { level: 1 }, VllmCall::WakeUp]
+        );
+    }
+}

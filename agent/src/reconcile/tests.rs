@@ -612,3 +612,84 @@ async fn a_job_that_ends_alone_is_reported_with_its_outputs_then_removed() {
     let kept = std::fs::read_to_string(crate::logs::archive_path(&rig.cfg.work_dir, 1, 1)).unwrap();
     assert_eq!(kept, "loss 0.1\ndone\n");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sleep_stops_the_replica_instead() {
+    let mut rig = rig(|c| c.replica.reclaim = ReclaimMode::Sleep);
+    rig.node.set_vllm(VllmBehaviour {
+        sleep_fails: true,
+        ..VllmBehaviour::default()
+    });
+    rig.serving().await;
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1, 2, 3])]))
+        .await;
+    assert_eq!(
+        rig.phases(SequenceKind::Drain),
+        [
+            "mark_not_ready",
+            "wait_in_flight",
+            "stop_replica",
+            "confirm_free",
+            "start_jobs"
+        ]
+    );
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert!(running(&rig.jobs()[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_drain_timeout_stops_a_replica_that_keeps_working() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    // Far more work than the 30 s drain timeout allows.
+    rig.node.set_load(1_000, 4, Duration::from_secs(1));
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1])])).await;
+    let waited = rig.phase_ms(SequenceKind::Drain, "wait_in_flight");
+    assert!((30_000..31_000).contains(&waited), "{waited} ms");
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert!(running(&rig.jobs()[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_never_becomes_healthy_fails_and_the_next_pass_waits_again() {
+    let mut rig = rig(|c| c.health_timeout_s = 10.0);
+    rig.node.set_vllm(VllmBehaviour {
+        healthy_after: Duration::from_secs(15),
+        ..VllmBehaviour::default()
+    });
+    rig.shared.offer_desired(serve(1));
+    rig.shared.contact();
+    let err = rig.r.pass().await.expect_err("health timeout");
+    assert!(
+        matches!(err, super::ReconcileError::HealthTimeout(d) if d == Duration::from_secs(10)),
+        "{err}"
+    );
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Failed);
+    assert!(!rig.shared.ready());
+    // The same container is waited for again, and now answers.
+    rig.shared.contact();
+    rig.r.pass().await.expect("healthy at last");
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.replicas().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn jobs_wait_for_gpu_memory_that_frees_late_and_give_up_after_the_free_timeout() {
+    let mut rig = rig(|c| c.free_timeout_s = 5.0);
+    rig.serving().await;
+    // The driver shows the replica's memory for 8 s after it stopped: past the timeout.
+    rig.node.set_memory_frees_after(Duration::from_secs(8));
+    rig.shared
+        .offer_desired(lend(2, vec![lease(1, 1, 1, vec![0, 1])]));
+    rig.shared.contact();
+    let err = rig.r.pass().await.expect_err("gpus busy");
+    assert!(
+        matches!(&err, super::ReconcileError::GpusBusy { gpus, .. } if gpus.len() == 4),
+        "{err}"
+    );
+    assert!(rig.jobs().is_empty(), "nothing started on busy gpus");
+    // A pass later the memory is gone and the job starts.
+    rig.shared.contact();
+    rig.r.pass().await.expect("free at last");
+    assert!(running(&rig.jobs()[0]));
+}
