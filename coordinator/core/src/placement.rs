@@ -54,16 +54,6 @@ impl Placement {
         i
     }
 
-    /// Removes the last `count` nodes added, none of which any job was placed on.
-    fn close(&mut self, count: usize) {
-        for _ in 0..count {
-            let i = self.free.len() - 1;
-            let free = self.free.pop().expect("a node to close");
-            self.by_free.remove(&(free.len(), i));
-            self.reserved.pop();
-        }
-    }
-
     /// Unreserved nodes with at least one free GPU.
     fn any_free(&self) -> bool {
         self.by_free
@@ -202,7 +192,9 @@ impl Core {
     /// Which of the serving nodes that could be lent (of `healthy` GPUs each, in the order
     /// to lend them) the queue would use, at most `spare`: placement of the runnable queue
     /// dry-run on the lent nodes' free GPUs, lending the next candidate that fits for a job
-    /// that fits nowhere. Empty when the lent nodes take the whole queue.
+    /// that fits nowhere, up to the first job that cannot be placed even so (small jobs
+    /// behind a big one do not take nodes it will reserve). Empty when the lent nodes take
+    /// the whole queue.
     pub(crate) fn lending_plan(
         &self,
         now: UnixMillis,
@@ -230,8 +222,8 @@ impl Core {
     /// Places `queue` in order on `placement`, as [`Core::place_queued`] would, opening
     /// candidates (of `healthy` GPUs each, no more than `spare` in all) for a job that fits
     /// nowhere: each the first not yet opened with enough GPUs, as few as the job needs, and
-    /// none when even they would not make it fit. Stops once `spare` candidates are open, or,
-    /// without candidates, at the first job that does not fit.
+    /// none when even they would not make it fit. Stops once `spare` candidates are open, or
+    /// at the first job that does not fit even so.
     fn dry_run(
         &self,
         queue: &[u64],
@@ -258,9 +250,6 @@ impl Core {
                 continue;
             }
             plan.all_placed = false;
-            if spare == 0 {
-                return plan;
-            }
             let mut opened: Vec<usize> = Vec::new();
             let fits = loop {
                 if plan.chosen.len() + opened.len() >= spare {
@@ -286,10 +275,10 @@ impl Core {
                         plan.chosen.push(c);
                     }
                 }
-                None => {
-                    placement.close(opened.len());
-                    placement.reserve(nodes);
-                }
+                // Lending stops here: the scheduler would reserve the nodes with the most
+                // free GPUs for this job, a node lent for a later one among them, so
+                // lending for the jobs behind it would lend nodes they may not get.
+                None => return plan,
             }
         }
         plan
@@ -430,19 +419,5 @@ mod tests {
         assert_eq!(place(&mut p, 2, 1), Some(vec![0]));
         assert_eq!(place(&mut p, 2, 1), None);
         assert_eq!(place(&mut p, 1, 1), Some(vec![2]));
-    }
-
-    #[test]
-    fn nodes_opened_for_a_trial_close_without_a_trace() {
-        let mut p = Placement::new(vec![vec![0, 1]]);
-        let before = (p.free.clone(), p.by_free.clone(), p.reserved.clone());
-        assert_eq!(p.open(4), 1);
-        assert_eq!(p.open(4), 2);
-        assert_eq!(p.find(4, 2), Some(vec![1, 2]));
-        p.close(2);
-        assert_eq!(
-            (p.free.clone(), p.by_free.clone(), p.reserved.clone()),
-            before
-        );
     }
 }
