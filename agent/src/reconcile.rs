@@ -593,4 +593,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
 }
 
 #[cfg(test)]
+mod properties;
+#[cfg(test)]
 mod tests;

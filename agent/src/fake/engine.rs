@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
-use super::{FakeContainer, World, gpu_indices, lock};
+use super::{FakeContainer, Start, World, gpu_indices, lock};
 use crate::engine::{Container, ContainerSpec, ContainerState, Engine, EngineError, LogStream};
 
 /// A call made through the [`Engine`] port that changes the world.
@@ -108,6 +108,14 @@ impl Engine for FakeEngine {
                 port => port,
             }),
         };
+        let gpus = gpu_indices(&spec.gpus);
+        let held_bytes = gpus.iter().map(|g| w.memory_used(*g)).max().unwrap_or(0);
+        w.starts.push(Start {
+            id: id.clone(),
+            labels: spec.labels.clone(),
+            gpus,
+            held_bytes,
+        });
         w.containers.insert(
             id.clone(),
             FakeContainer {

@@ -181,6 +181,7 @@ struct World {
     vllm: VllmBehaviour,
     load: Option<Load>,
     engine_calls: Vec<EngineCall>,
+    starts: Vec<Start>,
     vllm_calls: Vec<VllmCall>,
 }
 
@@ -219,6 +220,17 @@ impl World {
     }
 }
 
+/// A container started, and what its GPUs held at that moment: what the invariant "a job
+/// never starts until NVML shows the GPU's memory free" is checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Start {
+    pub id: String,
+    pub labels: BTreeMap<String, String>,
+    pub gpus: Vec<u32>,
+    /// The most memory any of its GPUs held, from other containers, when it started.
+    pub held_bytes: u64,
+}
+
 /// A fake host: one world seen through the engine, GPU and vLLM ports.
 #[derive(Clone)]
 pub struct FakeNode {
@@ -243,6 +255,7 @@ impl FakeNode {
             vllm: VllmBehaviour::default(),
             load: None,
             engine_calls: Vec::new(),
+            starts: Vec::new(),
             vllm_calls: Vec::new(),
         }));
         Self {
@@ -327,6 +340,11 @@ impl FakeNode {
         let mut w = self.world();
         w.settle();
         w.memory_used(index)
+    }
+
+    /// Every container started, oldest first, with what its GPUs held then.
+    pub fn starts(&self) -> Vec<Start> {
+        self.world().starts.clone()
     }
 
     /// Calls made through the engine port, oldest first.
