@@ -172,7 +172,12 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             // Removing finished containers is the last thing a pass does: what they reported
             // stays published until the next pass.
             let last = steps.iter().all(|s| matches!(s, Step::Remove(_)));
-            let wait = self.execute(steps).await?;
+            // A step that fails ends the wait the sequence was in: the next pass starts it over
+            // (a failed wake is sent again, say, rather than waited on).
+            let wait = self
+                .execute(steps)
+                .await
+                .inspect_err(|_| self.mem.phase = None)?;
             if last {
                 break;
             }

@@ -78,6 +78,8 @@ pub struct VllmBehaviour {
     pub asleep_bytes: u64,
     /// `/sleep` fails.
     pub sleep_fails: bool,
+    /// `/wake_up` fails.
+    pub wake_fails: bool,
     /// `/is_sleeping` answers (vLLM's dev mode).
     pub dev_mode: bool,
 }
@@ -89,6 +91,7 @@ impl Default for VllmBehaviour {
             awake_bytes: 70 * GIB,
             asleep_bytes: 1_300_000_000,
             sleep_fails: false,
+            wake_fails: false,
             dev_mode: true,
         }
     }

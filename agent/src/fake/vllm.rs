@@ -115,6 +115,13 @@ impl ServingMetrics for FakeVllm {
         }
         let mut w = lock(&self.world);
         w.vllm_calls.push(VllmCall::WakeUp);
+        if w.vllm.wake_fails {
+            return Err(ServingError {
+                action: "wake up",
+                url: url.to_owned(),
+                reason: "500 Internal Server Error".to_owned(),
+            });
+        }
         if let Some(c) = w.replica() {
             c.asleep = false;
         }

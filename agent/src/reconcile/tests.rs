@@ -693,3 +693,32 @@ async fn jobs_wait_for_gpu_memory_that_frees_late_and_give_up_after_the_free_tim
     rig.r.pass().await.expect("free at last");
     assert!(running(&rig.jobs()[0]));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_wake_is_sent_again_on_the_next_pass() {
+    let mut rig = rig(|c| c.replica.reclaim = ReclaimMode::Sleep);
+    rig.serving().await;
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1, 2, 3])]))
+        .await;
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Sleeping);
+    rig.node.set_vllm(VllmBehaviour {
+        wake_fails: true,
+        ..VllmBehaviour::default()
+    });
+    rig.shared.offer_desired(serve(3));
+    rig.shared.contact();
+    let err = rig.r.pass().await.expect_err("wake fails");
+    assert!(matches!(err, super::ReconcileError::Wake(_)), "{err}");
+    assert!(!rig.shared.ready());
+    rig.node.set_vllm(VllmBehaviour::default());
+    rig.r.pass().await.expect("woken");
+    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.node.replica_asleep(), Some(false));
+    let wakes = rig
+        .node
+        .vllm_calls()
+        .into_iter()
+        .filter(|c| *c == crate::fake::VllmCall::WakeUp)
+        .count();
+    assert_eq!(wakes, 2);
+}
