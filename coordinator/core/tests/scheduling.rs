@@ -431,3 +431,68 @@ fn a_queue_larger_than_one_decision_places_is_placed_over_the_next_decisions() {
         .count();
     assert_eq!(running, 8, "{}", placement(&c));
 }
+
+#[test]
+fn lending_plans_with_the_placement_the_scheduler_makes() {
+    // b has 3 GPUs, so it is lent first; a and c have 4.
+    let mut c = Cluster::new(config(0), &[("a", 4), ("b", 3), ("c", 4)]);
+    c.core.submit(c.now, spec("j1", 2)).unwrap();
+    c.core.submit(c.now, spec("j2", 2)).unwrap();
+    long_jobs(&mut c, 1..=2);
+    c.run(20);
+    assert_eq!(modes(&c), "a=lend b=lend c=serve");
+    assert_eq!(placement(&c), "1:running@b 2:running@a");
+    // Two jobs that fill what a and b have left fail together, so that their retries become
+    // runnable together: a queue of two with a's 2 GPUs and b's 1 free.
+    let retried = |name: &str, gpus: u32| {
+        let mut job = spec(name, gpus);
+        job.retry = RetryPolicy {
+            limit: 1,
+            backoff_seconds: 5,
+            backoff_factor: 2,
+            max_backoff_seconds: 60,
+        };
+        job
+    };
+    c.core.submit(c.now, retried("k1", 1)).unwrap();
+    c.core.submit(c.now, retried("k2", 2)).unwrap();
+    for a in &mut c.agents {
+        for id in [3, 4] {
+            a.durations.insert(id, 3);
+            a.exit_codes.insert(id, 1);
+        }
+    }
+    c.run(1);
+    assert_eq!(
+        placement(&c),
+        "1:running@b 2:running@a 3:running@b 4:running@a"
+    );
+    let failed = |c: &Cluster| {
+        c.core
+            .jobs()
+            .iter()
+            .filter(|j| j.failures == 1 && j.state == JobState::Queued)
+            .count()
+    };
+    while failed(&c) < 2 {
+        c.run(1);
+    }
+    let version = c.core.node("c").unwrap().desired_version;
+    for a in &mut c.agents {
+        for id in [3, 4] {
+            a.durations.insert(id, 1_000);
+            a.exit_codes.remove(&id);
+        }
+    }
+    c.run(20);
+    // Placed first fit (in name order), the 1-GPU retry would take one of a's GPUs and
+    // leave the 2-GPU one needing c; the scheduler places best fit (the 1-GPU job on b, the
+    // 2-GPU one on a), and lending, planning with the same placement, leaves c serving:
+    // neither lent nor handed back in the same decision.
+    assert_eq!(
+        placement(&c),
+        "1:running@b 2:running@a 3:running@b 4:running@a"
+    );
+    assert_eq!(modes(&c), "a=lend b=lend c=serve");
+    assert_eq!(c.core.node("c").unwrap().desired_version, version);
+}
