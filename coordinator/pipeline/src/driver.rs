@@ -539,6 +539,132 @@ fn input_from_record(r: &PipelineInputRecord) -> (UnixMillis, Input) {
 mod tests {
     use super::*;
 
+    const DIAMOND: &str = "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  \
+        name: d\nspec:\n  entrypoint: main\n  templates:\n  - name: main\n    dag:\n      \
+        tasks:\n      - {name: A, template: echo}\n      - {name: B, template: echo, \
+        depends: A}\n  - name: echo\n    container:\n      image: busybox\n";
+
+    /// A job queue in memory: every job as submitted, finished when the test says, and a
+    /// refusal for every submission while `refusing` says why.
+    #[derive(Default)]
+    struct Queue {
+        jobs: BTreeMap<u64, JobView>,
+        cancelled: Vec<u64>,
+        refusing: Option<String>,
+    }
+
+    impl Queue {
+        fn finish(&mut self, id: u64, state: JobState) {
+            self.jobs.get_mut(&id).expect("a job").state = state;
+        }
+    }
+
+    impl StepJobs for Queue {
+        fn job(&self, id: u64) -> Option<JobView> {
+            self.jobs.get(&id).cloned()
+        }
+
+        fn submit(&mut self, now: UnixMillis, spec: JobSpec) -> Result<u64, String> {
+            if let Some(why) = &self.refusing {
+                return Err(why.clone());
+            }
+            let id = self.jobs.len() as u64 + 1;
+            let job = JobView {
+                id,
+                spec,
+                state: JobState::Queued,
+                attempt: 1,
+                preemptions: 0,
+                failures: 0,
+                not_before: None,
+                last_checkpoint_at: None,
+                submitted_at: now,
+                started_at: None,
+                attempt_started_at: None,
+                ran_ms: 0,
+                timed_out: false,
+                finished_at: None,
+                leases: Vec::new(),
+                exit_code: None,
+                outputs: BTreeMap::new(),
+                message: None,
+            };
+            self.jobs.insert(id, job);
+            Ok(id)
+        }
+
+        fn cancel(&mut self, _: UnixMillis, id: u64) {
+            self.cancelled.push(id);
+        }
+    }
+
+    /// What the store would hold after `changes`.
+    fn stored(changes: PipelineChanges) -> PipelineSnapshot {
+        let mut inputs: BTreeMap<u64, Vec<PipelineInputRecord>> = BTreeMap::new();
+        for (run, _, input) in changes.inputs {
+            inputs.entry(run).or_default().push(input);
+        }
+        PipelineSnapshot {
+            runs: changes.runs,
+            inputs,
+            jobs: changes.jobs,
+        }
+    }
+
+    fn phases(p: &Pipelines, q: &Queue) -> Vec<(String, String)> {
+        let view = p.view(|j| q.job(j), 1).expect("run 1");
+        let mut phases = vec![("run".to_owned(), view.phase)];
+        phases.extend(view.nodes.into_iter().map(|n| (n.name, n.phase)));
+        phases
+    }
+
+    #[test]
+    fn steps_launch_in_order_and_a_restored_run_launches_none_twice() {
+        let mut q = Queue::default();
+        let mut p = Pipelines::default();
+        let run = p
+            .submit(1_000, "wf.yaml", DIAMOND, BTreeMap::new())
+            .unwrap();
+        assert_eq!(run, 1);
+        assert!(q.jobs.is_empty(), "a submitted run launches when driven");
+        p.drive(&mut q, 1_000);
+        let names: Vec<&str> = q.jobs.values().map(|j| j.spec.name.as_str()).collect();
+        assert_eq!(names, ["d.A"]);
+        // Rebuilt from what was stored, the run knows A has its job.
+        let mut p = Pipelines::restore(stored(p.take_changes())).unwrap();
+        p.drive(&mut q, 2_000);
+        assert_eq!(q.jobs.len(), 1, "A is not launched again");
+        q.finish(1, JobState::Succeeded);
+        p.drive(&mut q, 3_000);
+        let names: Vec<&str> = q.jobs.values().map(|j| j.spec.name.as_str()).collect();
+        assert_eq!(names, ["d.A", "d.B"]);
+        q.finish(2, JobState::Succeeded);
+        p.drive(&mut q, 4_000);
+        let phase = |p: &Pipelines| phases(p, &q)[0].1.clone();
+        assert_eq!(phase(&p), "Succeeded");
+        assert!(q.cancelled.is_empty());
+    }
+
+    #[test]
+    fn a_step_the_queue_refuses_errors_with_the_reason() {
+        let mut q = Queue {
+            refusing: Some("policy.allowed_images: image busybox is not allowed".into()),
+            ..Queue::default()
+        };
+        let mut p = Pipelines::default();
+        p.submit(1_000, "wf.yaml", DIAMOND, BTreeMap::new())
+            .unwrap();
+        p.drive(&mut q, 1_000);
+        assert!(q.jobs.is_empty());
+        let view = p.view(|j| q.job(j), 1).unwrap();
+        let a = view.nodes.iter().find(|n| n.name == "d.A").unwrap();
+        assert_eq!(
+            a.message.as_deref(),
+            Some("policy.allowed_images: image busybox is not allowed")
+        );
+        assert_eq!(view.phase, "Failed", "{:?}", phases(&p, &q));
+    }
+
     fn pin(image: &str, id: &str) -> ImagePin {
         ImagePin {
             image: image.into(),
