@@ -35,7 +35,8 @@ pub struct Observation {
     pub gpu_memory: Option<BTreeMap<u32, u64>>,
     /// The running replica container's vLLM, as probed; `None` when none runs.
     pub replica: Option<ReplicaProbe>,
-    /// Free bytes on the volume of the job checkpoints, when known.
+    /// Free bytes on the volume of the job checkpoints, when known; read only while a
+    /// lease waits for its job to start.
     pub checkpoint_free_bytes: Option<u64>,
 }
 
@@ -340,11 +341,7 @@ fn start_jobs(
     if !matches!(mem.replica, ReplicaState::Stopped | ReplicaState::Sleeping) {
         return Vec::new();
     }
-    let missing: Vec<&LeaseGrant> = leases
-        .iter()
-        .filter(|l| !jobs(&obs.containers).any(|c| lease_of(c) == Some(l.lease_id)))
-        .filter(|l| !mem.start_failures.contains_key(&l.lease_id))
-        .collect();
+    let missing = unstarted(leases, &obs.containers, mem);
     if missing.is_empty() {
         return Vec::new();
     }
@@ -379,6 +376,19 @@ fn start_jobs(
     steps.push(Step::StartJobs(start));
     steps.push(Step::Enter(None));
     steps
+}
+
+/// The leases with no container yet and no failure to start one.
+pub fn unstarted<'a>(
+    leases: &'a [LeaseGrant],
+    containers: &[Container],
+    mem: &Memory,
+) -> Vec<&'a LeaseGrant> {
+    leases
+        .iter()
+        .filter(|l| !jobs(containers).any(|c| lease_of(c) == Some(l.lease_id)))
+        .filter(|l| !mem.start_failures.contains_key(&l.lease_id))
+        .collect()
 }
 
 /// Why no job may start for lack of checkpoint space, if so.

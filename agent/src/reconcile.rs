@@ -144,7 +144,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let ask = heard.is_none()
                 || self.mem.replica != ReplicaState::Serving
                 || self.mem.phase.is_some();
-            let obs = self.observe(ask).await?;
+            let mut obs = self.observe(ask).await?;
             self.mem.learn_fences(&obs.containers);
             let leases = match &desired {
                 Some(d) => self.honoured(d, round == 0),
@@ -152,6 +152,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             };
             if let Some(d) = &desired {
                 self.mem.track_start_failures(d, Instant::now());
+            }
+            // The host's facts only while a job waits to start: reading them also restarts
+            // the CPU-use window that heartbeats report.
+            if !plan::unstarted(&leases, &obs.containers, &self.mem).is_empty() {
+                obs.checkpoint_free_bytes = self
+                    .host
+                    .facts(&self.cfg.work_dir)
+                    .checkpoint_volume_free_bytes;
             }
             self.capture(&obs.containers, &leases).await;
             self.publish_runs(&obs.containers, &leases);
@@ -204,8 +212,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         self.engine.list(&filter).await
     }
 
-    /// Reads the host: containers, GPU memory, the running replica's vLLM (when `ask`), the
-    /// checkpoint volume.
+    /// Reads the host: containers, GPU memory, the running replica's vLLM (when `ask`).
     async fn observe(&self, ask: bool) -> Result<Observation, ReconcileError> {
         let containers = self.managed().await?;
         let gpus = self.gpus.inventory()?.iter().map(|g| g.index).collect();
@@ -226,16 +233,12 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 Some(c) => Some(self.probe(c, ask).await),
                 None => None,
             };
-        let checkpoint_free_bytes = self
-            .host
-            .facts(&self.cfg.work_dir)
-            .checkpoint_volume_free_bytes;
         Ok(Observation {
             containers,
             gpus,
             gpu_memory,
             replica,
-            checkpoint_free_bytes,
+            checkpoint_free_bytes: None,
         })
     }
 

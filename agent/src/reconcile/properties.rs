@@ -351,9 +351,12 @@ impl World {
         let result = self.r.pass().await;
         self.check_always();
         if result.is_ok() {
-            // A void lease makes the node serve, however the coordinator answers.
-            let void = !self.shared.observed().expired_leases.is_empty();
-            self.check_done(serve || void, silent);
+            // A node whose every listed lease is void serves, however the coordinator
+            // answers.
+            let void = self.shared.observed().expired_leases;
+            let all_void =
+                !self.leases.is_empty() && self.leases.iter().all(|l| void.contains(&l.lease_id));
+            self.check_done(serve || all_void, silent);
         }
     }
 }
