@@ -4,10 +4,11 @@
 //! with a code, take their stop signal (or ignore it until the grace kills them); a vLLM in
 //! the replica container that becomes healthy after a while, drains its requests slowly,
 //! sleeps and wakes; and GPUs whose memory is held by the containers on them and frees only
-//! some time after a container ends. Its three handles implement [`Engine`], [`Gpus`] and
-//! [`ServingMetrics`] over that one world, so that what the agent does to one port shows in
-//! the others, as on a real host. Time is tokio's: under `tokio::time::pause()` a test runs
-//! a minute-long drain in microseconds. The host's own facts are [`crate::host::FixedHost`].
+//! some time after a container ends. Its three handles implement the ports
+//! ([`crate::engine::Engine`], [`crate::gpus::Gpus`], [`crate::serving::ServingMetrics`])
+//! over that one world, so that what the agent does to one port shows in the others, as on a
+//! real host. Time is tokio's: under `tokio::time::pause()` a test runs a minute-long drain
+//! in microseconds. The host's own facts are [`crate::host::FixedHost`].
 //!
 //! Failures are injected by the test: an image that is missing or refused, a vLLM whose sleep
 //! frees too little memory or fails, a container that ignores its signal.
