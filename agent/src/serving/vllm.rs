@@ -59,7 +59,7 @@ pub struct Bucket {
 }
 
 impl VllmSnapshot {
-    pub fn from_scrape(scrape: &Scrape) -> Self {
+    pub fn from_scrape(scrape: &Scrape<'_>) -> Self {
         Self {
             requests_running: sum(scrape, REQUESTS_RUNNING),
             requests_waiting: sum(scrape, REQUESTS_WAITING),
@@ -93,7 +93,7 @@ impl From<&VllmSnapshot> for ServingSignals {
 
 /// The finite values of every series named `name`; `None` when there is no series or one
 /// of them is `NaN` or infinite.
-fn values(scrape: &Scrape, name: &str) -> Option<Vec<f64>> {
+fn values(scrape: &Scrape<'_>, name: &str) -> Option<Vec<f64>> {
     let values: Vec<f64> = distinct(scrape, name)
         .iter()
         .map(|sample| sample.value)
@@ -104,7 +104,7 @@ fn values(scrape: &Scrape, name: &str) -> Option<Vec<f64>> {
 
 /// The series named `name`, one per label set (the last of duplicates wins).
 fn distinct<'s, 'a>(scrape: &'s Scrape<'a>, name: &'s str) -> Vec<&'s Sample<'a>> {
-    let mut kept: Vec<&Sample> = Vec::new();
+    let mut kept: Vec<&Sample<'_>> = Vec::new();
     for sample in scrape.series(name) {
         match kept.iter_mut().find(|k| same_labels(k, sample)) {
             Some(slot) => *slot = sample,
@@ -114,12 +114,12 @@ fn distinct<'s, 'a>(scrape: &'s Scrape<'a>, name: &'s str) -> Vec<&'s Sample<'a>
     kept
 }
 
-fn same_labels(a: &Sample, b: &Sample) -> bool {
+fn same_labels(a: &Sample<'_>, b: &Sample<'_>) -> bool {
     a.labels.len() == b.labels.len() && a.labels.iter().all(|(k, v)| b.label(k) == Some(v.as_ref()))
 }
 
 /// Distinct `engine` label values over every `vllm:` series.
-fn engines(scrape: &Scrape) -> Option<u32> {
+fn engines(scrape: &Scrape<'_>) -> Option<u32> {
     let mut seen: Vec<&str> = scrape
         .samples
         .iter()
@@ -132,7 +132,7 @@ fn engines(scrape: &Scrape) -> Option<u32> {
 }
 
 /// Per engine, the state whose gauge is 1; then the shallowest of them.
-fn sleep_state(scrape: &Scrape) -> Option<&'static str> {
+fn sleep_state(scrape: &Scrape<'_>) -> Option<&'static str> {
     distinct(scrape, ENGINE_SLEEP_STATE)
         .into_iter()
         .filter(|s| s.value == 1.0)
@@ -144,17 +144,17 @@ fn sleep_state(scrape: &Scrape) -> Option<&'static str> {
         .map(|i| SLEEP_STATES[i])
 }
 
-fn sum(scrape: &Scrape, name: &str) -> Option<f64> {
+fn sum(scrape: &Scrape<'_>, name: &str) -> Option<f64> {
     values(scrape, name).map(|values| values.iter().sum())
 }
 
-fn max(scrape: &Scrape, name: &str) -> Option<f64> {
+fn max(scrape: &Scrape<'_>, name: &str) -> Option<f64> {
     values(scrape, name).map(|values| values.into_iter().fold(f64::NEG_INFINITY, f64::max))
 }
 
 /// Histogram buckets summed per `le` across series. A bucket without a readable `le`, or
 /// with a non-finite count, makes the whole histogram unknown.
-fn buckets(scrape: &Scrape, name: &str) -> Option<Vec<Bucket>> {
+fn buckets(scrape: &Scrape<'_>, name: &str) -> Option<Vec<Bucket>> {
     let mut buckets = distinct(scrape, name)
         .into_iter()
         .map(bucket)
@@ -173,7 +173,7 @@ fn buckets(scrape: &Scrape, name: &str) -> Option<Vec<Bucket>> {
     Some(buckets)
 }
 
-fn bucket(sample: &Sample) -> Option<Bucket> {
+fn bucket(sample: &Sample<'_>) -> Option<Bucket> {
     let le = sample
         .label("le")?
         .parse::<f64>()

@@ -171,6 +171,7 @@ pub fn tail(path: &Path, n: usize) -> String {
 /// coordinator or agent outlives the demo.
 #[cfg(target_os = "linux")]
 fn die_with_parent(command: &mut Command) {
+    #[allow(unsafe_code)]
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
         command.pre_exec(|| {

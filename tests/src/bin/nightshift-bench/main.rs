@@ -304,6 +304,7 @@ impl Coordinator {
 /// Clock ticks per second, for /proc's CPU times.
 fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions and only reads.
+    #[allow(unsafe_code)]
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if v > 0 { v as f64 } else { 100.0 }
 }

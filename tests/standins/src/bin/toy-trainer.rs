@@ -159,6 +159,7 @@ fn install_signal_handlers(ignore: bool) -> io::Result<()> {
     };
     for signum in [libc::SIGTERM, libc::SIGINT, libc::SIGUSR1] {
         // SAFETY: `action` is zeroed and then filled in; the handler only does an atomic store.
+        #[allow(unsafe_code)]
         let rc = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = handler;

@@ -187,6 +187,7 @@ mod signals {
         for signum in [libc::SIGTERM, libc::SIGINT] {
             // SAFETY: `action` is fully initialised (zeroed, then the fields we need), and the
             // handler only performs an atomic store, which is async-signal-safe.
+            #[allow(unsafe_code)]
             let rc = unsafe {
                 let mut action: libc::sigaction = std::mem::zeroed();
                 action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
