@@ -51,21 +51,34 @@ forbid() { # forbid PACKAGE CRATE...: PACKAGE must not depend on any CRATE
 forbid nightshift-cli nightshift-coordinator nightshift-agent rusqlite axum bollard
 forbid nightshift-coordinator nightshift-agent bollard
 
-bash tests/images/build.sh
-cargo build --workspace --bins
+# part NAME COMMAND...: runs one part of the run and says how long it took.
+part() {
+    local name="$1" started=$SECONDS
+    shift
+    "$@"
+    echo "tests/run.sh: $name took $((SECONDS - started)) s" >&2
+}
+
+# The house style is checked before anything runs: rustfmt's layout and clippy's lints, with
+# the workspace's own table ([workspace.lints] in Cargo.toml), every warning an error.
+part "the format check" cargo fmt --all -- --check
+part "clippy" cargo clippy --workspace --all-targets -- -D warnings
+
+part "the stand-in images" bash tests/images/build.sh
+part "the build" cargo build --workspace --bins
 
 # Every test logs under one directory and records the tokens and keys it creates there; after
 # the run, nightshift-logscan fails if any log line holds one (tests/src/secrets.rs).
 export NIGHTSHIFT_TEST_LOGS="$root/target/test-logs"
 rm -rf "$NIGHTSHIFT_TEST_LOGS"
-cargo test --workspace "$@"
+part "the tests" cargo test --workspace "$@"
 cargo run -q -p nightshift-tests --bin nightshift-logscan -- "$NIGHTSHIFT_TEST_LOGS"
 
 # The fuzz targets, each for a few seconds from its committed corpus (tests/fuzz.sh).
 if [ "${NIGHTSHIFT_SKIP_FUZZ:-}" = 1 ]; then
     echo "tests/run.sh: NIGHTSHIFT_SKIP_FUZZ=1: the fuzz targets did not run" >&2
 else
-    bash tests/fuzz.sh
+    part "the fuzz targets" bash tests/fuzz.sh
 fi
 
 # The packages: build the .deb and .rpm (a release build; cargo-deb and cargo-generate-rpm
@@ -73,7 +86,5 @@ fi
 if [ "${NIGHTSHIFT_SKIP_PACKAGES:-}" = 1 ]; then
     echo "tests/run.sh: NIGHTSHIFT_SKIP_PACKAGES=1: the package test did not run" >&2
 else
-    started=$SECONDS
-    bash packaging/test.sh
-    echo "tests/run.sh: package test took $((SECONDS - started)) s" >&2
+    part "the package test" bash packaging/test.sh
 fi
