@@ -5,6 +5,7 @@
 //! - [`render`]: what the commands print, as tables or the API's JSON;
 //! - [`workflows`] and [`lint`]: Argo Workflows files, checked offline, submitted as runs;
 //! - [`simulate`]: the fleet simulator on a traffic trace, offline;
+//! - [`traces`]: reads the traffic traces from disk for the simulator, which reads nothing;
 //! - [`demo`]: hands `nightshift demo` over to the dev cluster's `nightshift-demo`;
 //! - [`error`]: why a command failed and the exit code that says so.
 //!
@@ -17,4 +18,5 @@ pub mod error;
 pub mod lint;
 pub mod render;
 pub mod simulate;
+pub mod traces;
 pub mod workflows;

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use nightshift_sim::fault::FaultRates;
 use nightshift_sim::model::Release;
-use nightshift_sim::{Policy, Report, SimConfig, SimError, Trace};
+use nightshift_sim::{Policy, Report, SimConfig, SimError};
 
 /// Flags of `nightshift simulate`.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -77,8 +77,8 @@ impl SimulateArgs {
     }
 }
 
-/// Loads the trace and runs the policies; the wall-clock time goes to stderr only, so that
-/// the report itself stays byte-for-byte reproducible.
+/// Reads the trace ([`crate::traces::load`]) and runs the policies; the wall-clock time goes
+/// to stderr only, so that the report itself stays byte-for-byte reproducible.
 pub fn run(args: &SimulateArgs) -> Result<Report, SimError> {
     let cfg = args.config()?;
     let policies = args
@@ -87,7 +87,7 @@ pub fn run(args: &SimulateArgs) -> Result<Report, SimError> {
         .map(|p| p.parse::<Policy>())
         .collect::<Result<Vec<_>, _>>()?;
     let started = Instant::now();
-    let trace = Trace::load(&args.trace)?;
+    let trace = crate::traces::load(&args.trace)?;
     let report = nightshift_sim::simulate(&trace, &cfg, &policies)?;
     if let Some(gaps) = report.gaps_summary().filter(|_| !cfg.fill_trace_gaps) {
         eprintln!("warning: the trace has {gaps}");

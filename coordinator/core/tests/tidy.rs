@@ -138,23 +138,14 @@ struct Allow {
     reason: &'static str,
 }
 
-const ALLOW: &[Allow] = &[
-    Allow {
-        file: "coordinator/sim/src/par.rs",
-        patterns: &["std::thread", "thread::scope"],
-        reason: "the simulator's documented pool: independent pieces of a run (policies, \
-                 clients' arrivals) on scoped threads, each a pure function of its index, \
-                 joined before returning, results in index order or summed; the output is \
-                 the same on one core as on many",
-    },
-    Allow {
-        file: "coordinator/sim/src/trace.rs",
-        patterns: &["std::fs"],
-        reason: "a known violation, not a design: `Trace::load` and `load_servegen` read \
-                 the trace files themselves. The reading belongs to the CLI (parse from \
-                 text the caller read); until it moves, this entry keeps the rest honest",
-    },
-];
+const ALLOW: &[Allow] = &[Allow {
+    file: "coordinator/sim/src/par.rs",
+    patterns: &["std::thread", "thread::scope"],
+    reason: "the simulator's documented pool: independent pieces of a run (policies, \
+             clients' arrivals) on scoped threads, each a pure function of its index, \
+             joined before returning, results in index order or summed; the output is \
+             the same on one core as on many",
+}];
 
 #[test]
 fn pure_crates_do_no_io_spawn_no_threads_and_read_no_clock() {

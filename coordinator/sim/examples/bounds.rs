@@ -19,7 +19,7 @@
 //!   hold.
 
 use nightshift_sim::model::Release;
-use nightshift_sim::{SimConfig, Trace, arrivals, baseline, scale_factor};
+use nightshift_sim::{SimConfig, arrivals, baseline, scale_factor};
 
 const RULE_WINDOWS_MIN: [usize; 5] = [1, 5, 10, 30, 60];
 
@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if sleep {
         cfg.lifecycle.release = Release::Sleep;
     }
-    let mut trace = Trace::load(source)?;
+    let mut trace = nightshift_cli::traces::load(source)?;
     if fill {
         let gaps = trace.fill_gaps();
         let windows: u64 = gaps.iter().map(|g| g.windows).sum();

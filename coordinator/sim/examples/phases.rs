@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use nightshift_sim::{Policy, SimConfig, Trace, arrivals, scale_factor, simulate};
+use nightshift_sim::{Policy, SimConfig, arrivals, scale_factor, simulate};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -16,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..SimConfig::default()
     };
     let t = Instant::now();
-    let trace = Trace::load(source)?;
+    let trace = nightshift_cli::traces::load(source)?;
     eprintln!("load {:.2}s", t.elapsed().as_secs_f64());
     let t = Instant::now();
     let scale = scale_factor(&trace, &cfg)?;

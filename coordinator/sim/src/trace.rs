@@ -1,13 +1,20 @@
-//! Traffic traces and their loaders: a ServeGen folder of per-client 10-minute windows, the
+//! Traffic traces and their parsers: a ServeGen folder of per-client 10-minute windows, the
 //! Azure LLM inference 2023 CSV, the Mooncake JSONL and a plain `(timestamp, rate)` CSV.
 //!
-//! Files are read at run time from wherever the caller points (the shared `traces/` folder);
-//! nothing is copied into the repository. Time 0 of a trace is midnight of its first day.
+//! The simulator reads nothing: it parses the text its caller read. A trace source is
+//! `KIND:PATH` ([`split_source`]); the caller reads the file at `PATH` and hands its text to
+//! [`Trace::parse`], or for a ServeGen folder reads the files that [`is_servegen_file`] picks
+//! and hands them to [`parse_servegen`] as `(path, text)` pairs (the CLI's
+//! `nightshift_cli::traces::load` does both). Paths are only names here: they go into the
+//! trace's name and into error messages, which say file and line. Files stay wherever the
+//! caller points (the shared `traces/` folder); nothing is copied into the repository. Time 0
+//! of a trace is midnight of its first day.
 
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// A file or folder could not be read: made by the callers that read them, never here.
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
@@ -25,6 +32,42 @@ pub enum TraceError {
         "unknown trace source {0:?}: expected servegen:DIR, azure:FILE, mooncake:FILE or csv:FILE"
     )]
     UnknownSource(String),
+}
+
+/// How a trace is stored: a folder of files (ServeGen) or one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A folder of `chunk-<client>-trace.csv` files ([`parse_servegen`]).
+    ServeGen,
+    /// One file ([`Trace::parse`]).
+    File(FileFormat),
+}
+
+/// The formats of a trace held in one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFormat {
+    /// Azure LLM inference 2023 CSV ([`parse_azure`]).
+    Azure,
+    /// Mooncake JSONL ([`parse_mooncake`]).
+    Mooncake,
+    /// `timestamp,rate` CSV ([`parse_rates`]).
+    Csv,
+}
+
+/// Splits a trace source `KIND:PATH` (`servegen:DIR`, `azure:FILE`, `mooncake:FILE`,
+/// `csv:FILE`) into its format and path. Reads nothing.
+pub fn split_source(source: &str) -> Result<(Format, &Path), TraceError> {
+    let (kind, path) = source
+        .split_once(':')
+        .ok_or_else(|| TraceError::UnknownSource(source.to_owned()))?;
+    let format = match kind {
+        "servegen" => Format::ServeGen,
+        "azure" => Format::File(FileFormat::Azure),
+        "mooncake" => Format::File(FileFormat::Mooncake),
+        "csv" => Format::File(FileFormat::Csv),
+        _ => return Err(TraceError::UnknownSource(source.to_owned())),
+    };
+    Ok((format, Path::new(path)))
 }
 
 /// The law of inter-arrival times inside one window, as ServeGen fitted it.
@@ -70,18 +113,13 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Parses `kind:path` (`servegen:DIR`, `azure:FILE`, `mooncake:FILE`, `csv:FILE`).
-    pub fn load(source: &str) -> Result<Self, TraceError> {
-        let (kind, path) = source
-            .split_once(':')
-            .ok_or_else(|| TraceError::UnknownSource(source.to_owned()))?;
-        let path = Path::new(path);
-        match kind {
-            "servegen" => load_servegen(path),
-            "azure" => load_azure(path),
-            "mooncake" => load_mooncake(path),
-            "csv" => load_rates(path),
-            _ => Err(TraceError::UnknownSource(source.to_owned())),
+    /// Parses the `text` of a one-file trace; `path` names it, in the trace's name and in
+    /// errors.
+    pub fn parse(format: FileFormat, path: &Path, text: &str) -> Result<Self, TraceError> {
+        match format {
+            FileFormat::Azure => parse_azure(path, text),
+            FileFormat::Mooncake => parse_mooncake(path, text),
+            FileFormat::Csv => parse_rates(path, text),
         }
     }
 
@@ -201,13 +239,6 @@ impl Trace {
     }
 }
 
-fn read(path: &Path) -> Result<String, TraceError> {
-    std::fs::read_to_string(path).map_err(|source| TraceError::Read {
-        path: path.to_owned(),
-        source,
-    })
-}
-
 fn parse_err(path: &Path, line: usize, message: impl Into<String>) -> TraceError {
     TraceError::Parse {
         path: path.to_owned(),
@@ -222,28 +253,31 @@ fn num(path: &Path, line: usize, field: &str, text: &str) -> Result<f64, TraceEr
         .map_err(|_| parse_err(path, line, format!("{field}: {text:?} is not a number")))
 }
 
-/// A ServeGen folder: `chunk-<client>-trace.csv` files without header, each row
-/// `window_start_s,rate,cv,pattern,shape,scale`; an empty pattern is an idle window.
-pub fn load_servegen(dir: &Path) -> Result<Trace, TraceError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| TraceError::Read {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("chunk-") && n.ends_with("-trace.csv"))
-        })
+/// Whether a file of a ServeGen folder holds a client's windows: `chunk-<client>-trace.csv`.
+/// The others (notes, metadata) are not part of the trace.
+pub fn is_servegen_file(name: &str) -> bool {
+    name.starts_with("chunk-") && name.ends_with("-trace.csv")
+}
+
+/// A ServeGen folder `dir`, as the `(path, text)` of its files: `chunk-<client>-trace.csv`
+/// files without header, each row `window_start_s,rate,cv,pattern,shape,scale`; an empty
+/// pattern is an idle window. Files whose name [`is_servegen_file`] rejects are ignored, and
+/// the order of `files` does not matter: clients are taken in the order of their number.
+pub fn parse_servegen(dir: &Path, files: Vec<(PathBuf, String)>) -> Result<Trace, TraceError> {
+    let name = |p: &Path| p.file_name().and_then(|n| n.to_str()).map(str::to_owned);
+    let mut files: Vec<(PathBuf, String)> = files
+        .into_iter()
+        .filter(|(p, _)| name(p).is_some_and(|n| is_servegen_file(&n)))
         .collect();
     // Sorted by client number, so that the random streams do not depend on directory order.
-    files.sort_by_key(|p| {
-        let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    files.sort_by_key(|(p, _)| {
+        let n = name(p).unwrap_or_default();
         let id = n
             .trim_start_matches("chunk-")
-            .trim_end_matches("-trace.csv");
-        (id.parse::<u64>().unwrap_or(u64::MAX), n.to_owned())
+            .trim_end_matches("-trace.csv")
+            .parse::<u64>()
+            .unwrap_or(u64::MAX);
+        (id, n)
     });
     if files.is_empty() {
         return Err(TraceError::Empty(dir.to_owned()));
@@ -251,8 +285,7 @@ pub fn load_servegen(dir: &Path) -> Result<Trace, TraceError> {
     let mut clients = Vec::with_capacity(files.len());
     let mut span_s = 0;
     let mut window_s = 600;
-    for file in &files {
-        let text = read(file)?;
+    for (file, text) in &files {
         let mut windows = Vec::new();
         for (i, row) in text.lines().enumerate() {
             if row.trim().is_empty() {
@@ -305,8 +338,7 @@ pub fn load_servegen(dir: &Path) -> Result<Trace, TraceError> {
 
 /// Azure LLM inference 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps like
 /// `2023-11-16 18:17:03.9799600`. Arrival times are taken relative to midnight of the first.
-pub fn load_azure(path: &Path) -> Result<Trace, TraceError> {
-    let text = read(path)?;
+pub fn parse_azure(path: &Path, text: &str) -> Result<Trace, TraceError> {
     let mut times = Vec::new();
     for (i, row) in text.lines().enumerate().skip(1) {
         let Some(ts) = row.split(',').next().filter(|t| !t.trim().is_empty()) else {
@@ -330,8 +362,7 @@ pub fn load_azure(path: &Path) -> Result<Trace, TraceError> {
 }
 
 /// Mooncake: one JSON object per line with `timestamp` in milliseconds from the start.
-pub fn load_mooncake(path: &Path) -> Result<Trace, TraceError> {
-    let text = read(path)?;
+pub fn parse_mooncake(path: &Path, text: &str) -> Result<Trace, TraceError> {
     let mut times = Vec::new();
     for (i, row) in text.lines().enumerate() {
         if row.trim().is_empty() {
@@ -369,8 +400,7 @@ fn requests(path: &Path, mut times: Vec<f64>) -> Result<Trace, TraceError> {
 
 /// A plain CSV of `timestamp_s,rate` (requests per second from that time on); a header row
 /// and `#` comments are skipped.
-pub fn load_rates(path: &Path) -> Result<Trace, TraceError> {
-    let text = read(path)?;
+pub fn parse_rates(path: &Path, text: &str) -> Result<Trace, TraceError> {
     let mut points = Vec::new();
     for (i, row) in text.lines().enumerate() {
         let row = row.trim();

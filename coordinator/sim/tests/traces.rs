@@ -1,31 +1,38 @@
-//! The trace loaders on tiny files in each format, written to a scratch folder.
+//! The trace parsers on tiny texts in each format. Nothing is read from disk: the simulator
+//! parses what its caller read (nightshift-cli's `traces` module tests the reading).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use nightshift_sim::trace::{Gap, Interarrival, Trace, TraceData, Window};
+use nightshift_sim::trace::{
+    self, FileFormat, Format, Gap, Interarrival, Trace, TraceData, TraceError, Window,
+};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nightshift-sim-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A ServeGen folder's files as `(path, text)`, as a caller that read them hands them over.
+fn folder(dir: &str, files: &[(&str, &str)]) -> Vec<(PathBuf, String)> {
+    files
+        .iter()
+        .map(|(name, text)| (Path::new(dir).join(name), (*text).to_owned()))
+        .collect()
 }
 
 #[test]
 fn servegen_folders_give_per_client_windows_with_their_laws() {
-    let dir = scratch("servegen");
-    std::fs::write(
-        dir.join("chunk-1-trace.csv"),
-        "0,0,0,,0,0\n600,2.5,1.1,Gamma,0.8,0.5\n1200,4,3.0,Weibull,0.4,0.01\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("chunk-0-trace.csv"),
-        "0,1,1,Gamma,1.0,1.0\n600,0,0,,0,0\n1200,0,0,,0,0\n",
-    )
-    .unwrap();
-    std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
-    let t = Trace::load(&format!("servegen:{}", dir.display())).unwrap();
+    let files = folder(
+        "sg",
+        &[
+            (
+                "chunk-1-trace.csv",
+                "0,0,0,,0,0\n600,2.5,1.1,Gamma,0.8,0.5\n1200,4,3.0,Weibull,0.4,0.01\n",
+            ),
+            (
+                "chunk-0-trace.csv",
+                "0,1,1,Gamma,1.0,1.0\n600,0,0,,0,0\n1200,0,0,,0,0\n",
+            ),
+            ("notes.txt", "ignored"),
+        ],
+    );
+    let t = trace::parse_servegen(Path::new("sg"), files).unwrap();
+    assert_eq!(t.name, "servegen:sg");
     assert_eq!(t.span_s, 1_800);
     let TraceData::Windows { window_s, clients } = &t.data else {
         panic!("expected windows");
@@ -41,22 +48,24 @@ fn servegen_folders_give_per_client_windows_with_their_laws() {
 
 #[test]
 fn a_servegen_gap_is_a_stretch_with_no_client_sending_between_busy_windows() {
-    let dir = scratch("gaps");
     // Windows 1 and 2: nobody sends (a gap). Window 3: client 1 idle, client 0 busy (not a
     // gap). Windows 5 and 6: nobody sends, but nothing follows (the trace's end, not a gap).
-    std::fs::write(
-        dir.join("chunk-0-trace.csv"),
-        "0,1,1,Gamma,1.0,1.0\n600,0,0,,0,0\n1200,0,0,,0,0\n1800,4,2,Weibull,0.5,0.1\n\
-         2400,5,1,Gamma,1.0,0.2\n3000,0,0,,0,0\n3600,0,0,,0,0\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("chunk-1-trace.csv"),
-        "0,2,1,Gamma,2.0,0.25\n600,0,0,,0,0\n1200,0,0,,0,0\n1800,0,0,,0,0\n\
-         2400,1,1,Gamma,1.0,1.0\n3000,0,0,,0,0\n3600,0,0,,0,0\n",
-    )
-    .unwrap();
-    let mut t = Trace::load(&format!("servegen:{}", dir.display())).unwrap();
+    let files = folder(
+        "gaps",
+        &[
+            (
+                "chunk-0-trace.csv",
+                "0,1,1,Gamma,1.0,1.0\n600,0,0,,0,0\n1200,0,0,,0,0\n1800,4,2,Weibull,0.5,0.1\n\
+                 2400,5,1,Gamma,1.0,0.2\n3000,0,0,,0,0\n3600,0,0,,0,0\n",
+            ),
+            (
+                "chunk-1-trace.csv",
+                "0,2,1,Gamma,2.0,0.25\n600,0,0,,0,0\n1200,0,0,,0,0\n1800,0,0,,0,0\n\
+                 2400,1,1,Gamma,1.0,1.0\n3000,0,0,,0,0\n3600,0,0,,0,0\n",
+            ),
+        ],
+    );
+    let mut t = trace::parse_servegen(Path::new("gaps"), files).unwrap();
     let gap = Gap {
         start_s: 600,
         windows: 2,
@@ -91,24 +100,16 @@ fn a_servegen_gap_is_a_stretch_with_no_client_sending_between_busy_windows() {
     }
     // A filled trace has no gaps left; other traces never have any.
     assert_eq!(t.gaps(), vec![]);
-    let c = dir.join("r.csv");
-    std::fs::write(&c, "0,5\n60,0\n120,7.5\n").unwrap();
-    assert_eq!(
-        Trace::load(&format!("csv:{}", c.display())).unwrap().gaps(),
-        vec![]
-    );
+    let csv = Trace::parse(FileFormat::Csv, Path::new("r.csv"), "0,5\n60,0\n120,7.5\n");
+    assert_eq!(csv.unwrap().gaps(), vec![]);
 }
 
 #[test]
 fn azure_csv_keeps_the_time_of_day() {
-    let dir = scratch("azure");
-    let f = dir.join("azure.csv");
-    std::fs::write(
-        &f,
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n2023-11-16 18:17:04.0319600,3180,8",
-    )
-    .unwrap();
-    let t = Trace::load(&format!("azure:{}", f.display())).unwrap();
+    let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n\
+                2023-11-16 18:17:04.0319600,3180,8";
+    let t = Trace::parse(FileFormat::Azure, Path::new("azure.csv"), text).unwrap();
+    assert_eq!(t.name, "azure.csv");
     let TraceData::Requests(times) = &t.data else {
         panic!("expected requests");
     };
@@ -117,27 +118,68 @@ fn azure_csv_keeps_the_time_of_day() {
 }
 
 #[test]
-fn mooncake_jsonl_and_rate_csv_load_and_bad_rows_name_their_line() {
-    let dir = scratch("mooncake");
-    let f = dir.join("m.jsonl");
-    std::fs::write(
-        &f,
-        "{\"timestamp\": 0, \"input_length\": 1}\n{\"timestamp\": 1500, \"input_length\": 2}\n",
-    )
-    .unwrap();
-    let t = Trace::load(&format!("mooncake:{}", f.display())).unwrap();
+fn mooncake_jsonl_and_rate_csv_parse_and_bad_rows_name_their_file_and_line() {
+    let text =
+        "{\"timestamp\": 0, \"input_length\": 1}\n{\"timestamp\": 1500, \"input_length\": 2}\n";
+    let t = Trace::parse(FileFormat::Mooncake, Path::new("m.jsonl"), text).unwrap();
     assert_eq!(t.data, TraceData::Requests(vec![0.0, 1.5]));
 
-    let c = dir.join("r.csv");
-    std::fs::write(&c, "timestamp,rate\n0,5\n60,7.5\n").unwrap();
-    let t = Trace::load(&format!("csv:{}", c.display())).unwrap();
+    let c = Path::new("dir/r.csv");
+    let t = Trace::parse(FileFormat::Csv, c, "timestamp,rate\n0,5\n60,7.5\n").unwrap();
     assert_eq!(t.data, TraceData::Rates(vec![(0.0, 5.0), (60.0, 7.5)]));
     assert_eq!(t.span_s, 120);
 
-    std::fs::write(&c, "0,5\n60,lots\n").unwrap();
-    let err = Trace::load(&format!("csv:{}", c.display()))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains(":2:") && err.contains("lots"), "{err}");
-    assert!(Trace::load("parquet:/x").is_err());
+    let err = Trace::parse(FileFormat::Csv, c, "0,5\n60,lots\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "dir/r.csv:2: rate: \"lots\" is not a number"
+    );
+    let err = Trace::parse(FileFormat::Csv, c, "# nothing\n").unwrap_err();
+    assert_eq!(err.to_string(), "dir/r.csv: no data");
+}
+
+#[test]
+fn a_servegen_error_names_the_file_and_line_and_an_empty_folder_has_no_data() {
+    let files = folder(
+        "sg",
+        &[
+            ("chunk-0-trace.csv", "0,1,1,Gamma,1.0,1.0\n"),
+            (
+                "chunk-7-trace.csv",
+                "0,1,1,Gamma,1.0,1.0\n600,1,1,Pareto,1,1\n",
+            ),
+        ],
+    );
+    let err = trace::parse_servegen(Path::new("sg"), files).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "sg/chunk-7-trace.csv:2: unknown pattern \"Pareto\""
+    );
+    let files = folder("sg", &[("notes.txt", "0,1,1,Gamma,1.0,1.0\n")]);
+    let err = trace::parse_servegen(Path::new("sg"), files).unwrap_err();
+    assert_eq!(err.to_string(), "sg: no data");
+}
+
+#[test]
+fn a_source_names_its_format_and_path() {
+    let split = |s| trace::split_source(s).map(|(f, p)| (f, p.to_owned()));
+    assert_eq!(
+        split("servegen:data/m-small").unwrap(),
+        (Format::ServeGen, PathBuf::from("data/m-small"))
+    );
+    assert_eq!(
+        split("azure:a:b.csv").unwrap(),
+        (Format::File(FileFormat::Azure), PathBuf::from("a:b.csv"))
+    );
+    assert_eq!(
+        split("mooncake:m.jsonl").unwrap().0,
+        Format::File(FileFormat::Mooncake)
+    );
+    assert_eq!(split("csv:r.csv").unwrap().0, Format::File(FileFormat::Csv));
+    for bad in ["parquet:/x", "no-kind"] {
+        assert!(
+            matches!(split(bad), Err(TraceError::UnknownSource(s)) if s == bad),
+            "{bad}"
+        );
+    }
 }
