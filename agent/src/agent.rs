@@ -248,7 +248,7 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         Vec::new()
     });
     let live = matches!(
-        o.replica,
+        o.replica(),
         ReplicaState::Serving | ReplicaState::Draining | ReplicaState::Starting
     );
     shared.telemetry.gpus(&gpu_status);
@@ -263,7 +263,7 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
     Heartbeat {
         gpus: gpu_status,
         replica: ReplicaStatus {
-            state: o.replica,
+            state: o.replica(),
             signals,
             url: o
                 .replica_url

@@ -75,7 +75,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> axum::Json<serde_json::Val
     axum::Json(serde_json::json!({
         "node": shared.node,
         "ready": shared.ready(),
-        "replica": o.replica.as_str(),
+        "replica": o.replica().as_str(),
         "replica_url": o.replica_url,
         "applied_version": o.applied_version,
         "jobs": o.runs,

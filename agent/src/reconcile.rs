@@ -92,7 +92,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         shared: Arc<Shared>,
     ) -> Self {
         let mem = Memory {
-            replica: shared.observed().replica,
+            replica: shared.observed().replica(),
             ..Memory::default()
         };
         Self {

@@ -19,14 +19,23 @@ const PHASES_SENT: usize = 32;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
-    /// Written only by [`Shared::replica_event`], through the replica's transition function.
-    pub replica: ReplicaState,
+    /// Private, so that nothing outside this module can assign it: [`Shared::replica_event`]
+    /// is its one writer, through the replica's transition function. Read it with
+    /// [`Observed::replica`].
+    replica: ReplicaState,
     /// Where the replica answers, once its container runs.
     pub replica_url: Option<String>,
     pub runs: Vec<JobRun>,
     pub applied_version: u64,
     /// Leases stopped by the fail-safe, reported until the coordinator drops them.
     pub expired_leases: Vec<u64>,
+}
+
+impl Observed {
+    /// The replica's state, as its transition function last left it.
+    pub fn replica(&self) -> ReplicaState {
+        self.replica
+    }
 }
 
 pub struct Shared {

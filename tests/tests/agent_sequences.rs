@@ -63,7 +63,7 @@ async fn drain_waits_for_in_flight_requests_before_stopping_the_replica() {
     shared.offer_desired(desired(1, true, vec![]));
     r.pass().await.expect("serve");
     let o = shared.observed();
-    assert_eq!(o.replica, ReplicaState::Serving);
+    assert_eq!(o.replica(), ReplicaState::Serving);
     assert!(shared.ready());
     let url = o.replica_url.expect("replica url");
 
@@ -106,7 +106,7 @@ async fn drain_waits_for_in_flight_requests_before_stopping_the_replica() {
         stop.started_at
     );
     assert!(!shared.ready());
-    assert_eq!(shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(shared.observed().replica(), ReplicaState::Stopped);
     let replicas = containers(&node, "replica");
     assert_eq!(replicas.len(), 1);
     assert_eq!(replicas[0].2, "exited");
@@ -174,7 +174,7 @@ async fn a_job_that_ignores_its_checkpoint_signal_is_killed_after_its_grace_peri
         "the stopped container of a revoked lease is removed"
     );
     assert_eq!(
-        shared.observed().replica,
+        shared.observed().replica(),
         ReplicaState::Serving,
         "serving again"
     );

@@ -184,7 +184,7 @@ async fn the_failsafe_can_be_disabled_and_an_expired_lease_stays_refused() {
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     r.pass().await.expect("fail-safe");
     assert_eq!(shared.observed().expired_leases, vec![41]);
-    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().replica(), ReplicaState::Serving);
     assert!(
         containers(&node, "job")
             .iter()
@@ -202,7 +202,7 @@ async fn the_failsafe_can_be_disabled_and_an_expired_lease_stays_refused() {
             .all(|(_, _, s)| s != "running"),
         "the expired lease started nothing"
     );
-    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().replica(), ReplicaState::Serving);
     assert_eq!(shared.observed().expired_leases, vec![41]);
     let mut dropped = short_lease_desired(2);
     dropped.leases.clear();

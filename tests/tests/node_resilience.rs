@@ -77,7 +77,7 @@ async fn a_job_the_engine_refuses_fails_with_its_reason_and_the_other_job_runs()
     // The node goes on serving: nothing of the bad job is left on it.
     wait_for("the node to serve again", STARTUP, || async {
         let o = one.agent.shared.observed();
-        (o.replica == ReplicaState::Serving && o.runs.is_empty()).then_some(())
+        (o.replica() == ReplicaState::Serving && o.runs.is_empty()).then_some(())
     })
     .await;
     let leftovers: Vec<_> = containers(&one.node, "job")
@@ -183,7 +183,7 @@ async fn a_drain_called_off_during_the_readiness_grace_is_abandoned_at_once() {
 
     r.pass().await.expect("serve again");
     let ready_after = surged.elapsed();
-    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().replica(), ReplicaState::Serving);
     assert!(shared.ready());
     assert!(
         ready_after < Duration::from_secs(2),

@@ -111,13 +111,13 @@ async fn lend_sleeps_the_replica_and_reclaim_wakes_it() {
 
     shared.offer_desired(desired(1, true, vec![]));
     r.pass().await.expect("serve");
-    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().replica(), ReplicaState::Serving);
     let url = shared.observed().replica_url.expect("replica url");
     let replica_id = containers(&node, "replica")[0].0.clone();
 
     shared.offer_desired(desired(2, false, vec![lease()]));
     r.pass().await.expect("lend by sleeping");
-    assert_eq!(shared.observed().replica, ReplicaState::Sleeping);
+    assert_eq!(shared.observed().replica(), ReplicaState::Sleeping);
     assert!(!shared.ready(), "a sleeping replica is not ready");
     assert_eq!(is_sleeping(&url).await, Some(true), "vllm sleeps");
     let replicas = containers(&node, "replica");
@@ -148,12 +148,12 @@ async fn lend_sleeps_the_replica_and_reclaim_wakes_it() {
     // Idempotent: another pass changes nothing.
     r.pass().await.expect("second pass");
     assert_eq!(containers(&node, "job").len(), 1);
-    assert_eq!(shared.observed().replica, ReplicaState::Sleeping);
+    assert_eq!(shared.observed().replica(), ReplicaState::Sleeping);
 
     let before = phases(&shared, SequenceKind::Reclaim).len();
     shared.offer_desired(desired(3, true, vec![]));
     r.pass().await.expect("reclaim by waking");
-    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().replica(), ReplicaState::Serving);
     assert!(shared.ready());
     assert_eq!(is_sleeping(&url).await, Some(false), "awake again");
     assert_eq!(
@@ -200,7 +200,7 @@ async fn sleeping_that_frees_too_little_memory_falls_back_to_stopping() {
     shared.offer_desired(desired(2, false, vec![lease()]));
     r.pass().await.expect("lend: sleep, then stop");
 
-    assert_eq!(shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(shared.observed().replica(), ReplicaState::Stopped);
     let replicas = containers(&node, "replica");
     assert_eq!(replicas[0].2, "exited", "the replica was stopped after all");
     assert_eq!(containers(&node, "job")[0].2, "running");
@@ -223,7 +223,7 @@ async fn sleeping_that_frees_too_little_memory_falls_back_to_stopping() {
 
     shared.offer_desired(desired(3, true, vec![]));
     r.pass().await.expect("reclaim by starting");
-    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().replica(), ReplicaState::Serving);
     assert!(phases(&shared, SequenceKind::Reclaim).contains(&"start_replica".to_owned()));
     watcher.abort();
 }

@@ -258,7 +258,7 @@ impl World {
             }
         }
         let o = self.shared.observed();
-        assert_eq!(self.shared.ready(), o.replica == ReplicaState::Serving);
+        assert_eq!(self.shared.ready(), o.replica() == ReplicaState::Serving);
     }
 
     /// What a pass that ended well must leave.
@@ -271,13 +271,13 @@ impl World {
             .filter(|c| c.state == ContainerState::Running)
             .count();
         if serve || silent {
-            assert_eq!(o.replica, ReplicaState::Serving, "serving");
+            assert_eq!(o.replica(), ReplicaState::Serving, "serving");
             assert_eq!(running_jobs, 0, "no job runs on a serving node");
         } else {
             assert!(
-                matches!(o.replica, ReplicaState::Stopped | ReplicaState::Sleeping),
+                matches!(o.replica(), ReplicaState::Stopped | ReplicaState::Sleeping),
                 "lent: {:?}",
-                o.replica
+                o.replica()
             );
             for l in &self.leases {
                 if o.expired_leases.contains(&l.lease_id) {

@@ -138,7 +138,7 @@ impl Rig {
     /// Serves: the replica started and healthy.
     async fn serving(&mut self) {
         self.tell(serve(1)).await;
-        assert_eq!(self.shared.observed().replica, ReplicaState::Serving);
+        assert_eq!(self.shared.observed().replica(), ReplicaState::Serving);
         assert!(self.shared.ready());
     }
 }
@@ -203,7 +203,7 @@ async fn drain_stops_the_replica_after_its_requests_and_starts_the_job_on_free_g
         ]
     );
     assert!(!rig.shared.ready());
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Stopped);
     assert_eq!(rig.shared.observed().replica_url, None);
     // Not-ready for the readiness grace, then the requests finish, then the memory frees.
     assert!(rig.phase_ms(SequenceKind::Drain, "mark_not_ready") >= 1_000);
@@ -246,7 +246,7 @@ async fn reclaim_stops_the_jobs_and_serves_again() {
             "wait_health"
         ]
     );
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
     assert!(rig.shared.ready());
     assert!(rig.node.engine_calls().contains(&EngineCall::Stop {
         id: job.clone(),
@@ -283,7 +283,7 @@ async fn sleep_mode_lends_a_sleeping_replica_and_wakes_it_on_reclaim() {
             "start_jobs"
         ]
     );
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Sleeping);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Sleeping);
     assert!(!rig.shared.ready(), "a sleeping replica is not ready");
     assert_eq!(rig.node.replica_asleep(), Some(true));
     assert!(running(&rig.replicas()[0]), "the container is kept, asleep");
@@ -295,7 +295,7 @@ async fn sleep_mode_lends_a_sleeping_replica_and_wakes_it_on_reclaim() {
         reclaim[reclaim.len() - 4..],
         ["stop_jobs", "confirm_free", "wake_replica", "wait_health"]
     );
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
     assert!(rig.shared.ready());
     let replicas = rig.replicas();
     assert_eq!(replicas.len(), 1);
@@ -326,7 +326,7 @@ async fn sleep_that_frees_too_little_falls_back_to_stopping_the_replica() {
             "start_jobs"
         ]
     );
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Stopped);
     assert!(!running(&rig.replicas()[0]));
     assert!(running(&rig.jobs()[0]));
 }
@@ -343,7 +343,7 @@ async fn the_fail_safe_stops_jobs_when_the_coordinator_is_silent_and_refuses_the
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     rig.r.pass().await.expect("fail-safe");
     assert_eq!(rig.shared.observed().expired_leases, vec![41]);
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
     assert!(rig.shared.ready());
     assert!(rig.jobs().iter().all(|c| !running(c)), "{:?}", rig.jobs());
     assert!(
@@ -357,7 +357,7 @@ async fn the_fail_safe_stops_jobs_when_the_coordinator_is_silent_and_refuses_the
     rig.shared.contact();
     rig.r.pass().await.expect("coordinator back");
     assert!(rig.jobs().iter().all(|c| !running(c)), "nothing restarted");
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
     assert_eq!(rig.shared.observed().expired_leases, vec![41]);
 
     // Once the coordinator drops it, it is no longer reported.
@@ -373,7 +373,7 @@ async fn a_restarted_agent_adopts_the_containers_it_finds() {
     let shared = Arc::new(Shared::new(NODE));
     let mut r = reconciler(&rig.node, &shared, &rig.cfg, &rig.host);
     r.pass().await.expect("before the coordinator answers");
-    assert_eq!(shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(shared.observed().replica(), ReplicaState::Serving);
     assert!(shared.ready(), "a healthy replica is adopted as serving");
     shared.offer_desired(serve(1));
     shared.contact();
@@ -404,7 +404,7 @@ async fn a_restarted_agent_adopts_the_containers_it_finds() {
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     assert_eq!(jobs[0].id, job);
     assert!(running(&jobs[0]));
-    assert_eq!(shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(shared.observed().replica(), ReplicaState::Stopped);
 }
 
 #[tokio::test(start_paused = true)]
@@ -416,7 +416,7 @@ async fn a_restarted_agent_adopts_a_sleeping_replica_as_sleeping() {
     let shared = Arc::new(Shared::new(NODE));
     let mut r = reconciler(&rig.node, &shared, &rig.cfg, &rig.host);
     r.pass().await.expect("before the coordinator answers");
-    assert_eq!(shared.observed().replica, ReplicaState::Sleeping);
+    assert_eq!(shared.observed().replica(), ReplicaState::Sleeping);
     assert!(!shared.ready());
 }
 
@@ -434,13 +434,13 @@ async fn a_drain_is_abandoned_when_the_node_should_serve_again() {
     let surge = async move {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(!shared.ready(), "draining");
-        assert_eq!(shared.observed().replica, ReplicaState::Draining);
+        assert_eq!(shared.observed().replica(), ReplicaState::Draining);
         shared.offer_desired(serve(3));
     };
     let (result, ()) = tokio::join!(rig.r.pass(), surge);
     result.expect("pass");
     rig.r.pass().await.expect("serve");
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
     assert!(rig.shared.ready());
     let replicas = rig.replicas();
     assert_eq!(replicas.len(), 1);
@@ -496,7 +496,7 @@ async fn a_job_that_ignores_its_signal_is_killed_after_its_grace() {
         !rig.jobs().iter().any(|c| c.id == job),
         "removed once exited"
     );
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
 }
 
 #[tokio::test(start_paused = true)]
@@ -633,7 +633,7 @@ async fn a_failed_sleep_stops_the_replica_instead() {
             "start_jobs"
         ]
     );
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Stopped);
     assert!(running(&rig.jobs()[0]));
 }
 
@@ -646,7 +646,7 @@ async fn the_drain_timeout_stops_a_replica_that_keeps_working() {
     rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1])])).await;
     let waited = rig.phase_ms(SequenceKind::Drain, "wait_in_flight");
     assert!((30_000..31_000).contains(&waited), "{waited} ms");
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Stopped);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Stopped);
     assert!(running(&rig.jobs()[0]));
 }
 
@@ -664,12 +664,12 @@ async fn a_replica_that_never_becomes_healthy_fails_and_the_next_pass_waits_agai
         matches!(err, super::ReconcileError::HealthTimeout(d) if d == Duration::from_secs(10)),
         "{err}"
     );
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Failed);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Failed);
     assert!(!rig.shared.ready());
     // The same container is waited for again, and now answers.
     rig.shared.contact();
     rig.r.pass().await.expect("healthy at last");
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
     assert_eq!(rig.replicas().len(), 1);
 }
 
@@ -700,7 +700,7 @@ async fn a_failed_wake_is_sent_again_on_the_next_pass() {
     rig.serving().await;
     rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1, 2, 3])]))
         .await;
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Sleeping);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Sleeping);
     rig.node.set_vllm(VllmBehaviour {
         wake_fails: true,
         ..VllmBehaviour::default()
@@ -712,7 +712,7 @@ async fn a_failed_wake_is_sent_again_on_the_next_pass() {
     assert!(!rig.shared.ready());
     rig.node.set_vllm(VllmBehaviour::default());
     rig.r.pass().await.expect("woken");
-    assert_eq!(rig.shared.observed().replica, ReplicaState::Serving);
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
     assert_eq!(rig.node.replica_asleep(), Some(false));
     let wakes = rig
         .node
