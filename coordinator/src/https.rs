@@ -3,8 +3,8 @@
 //! A client certificate is optional at the TLS level, so that the CLI can connect without
 //! one, but when given it must be signed by the cluster CA or the handshake fails. Each
 //! connection's requests carry a [`PeerNode`] extension: the node its certificate names, or
-//! none. The agent routes refuse a request without one, and one whose node is another
-//! ([`crate::http`]'s identity layer).
+//! none. The agent routes' handlers refuse a request without one, and one whose node is
+//! another (`http/identity.rs`).
 //!
 //! The other way round, the log proxy reaches an agent's API over HTTPS
 //! ([`agent_client_config`]): it presents the coordinator's certificate (which agents answer,

@@ -1,6 +1,7 @@
 //! API tokens and roles over real HTTPS: no token or an unknown one is 401; a researcher
 //! submits as its team and cannot cancel another team's job (403); an admin can. Every log
-//! line of the run is captured, and no token or key appears in it.
+//! line of the run is captured, and no token or key appears in it. An agent speaks only for
+//! the node its client certificate names: a registration is checked on its parsed body.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -63,6 +64,122 @@ fn hand_to_the_run_scan(logs: &[u8], secrets: &[String]) {
 struct Https {
     addr: String,
     config: Arc<rustls::ClientConfig>,
+}
+
+fn registration(node: &str) -> String {
+    serde_json::to_string(&nightshift_common::RegisterRequest {
+        node: node.to_owned(),
+        gpus: vec![nightshift_common::GpuInfo {
+            index: 0,
+            uuid: format!("GPU-{node}-0"),
+            name: "fake".into(),
+            memory_total_bytes: 80 << 30,
+        }],
+        service: "default".into(),
+        address: None,
+        readiness_url: None,
+        agent_url: None,
+        agent_version: "test".into(),
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_agent_registers_only_the_node_its_certificate_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = pki::new_ca().unwrap();
+    let names = ["127.0.0.1".to_owned()];
+    let (ca_pem, ca_key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
+    pki::write_pair(&ca_pem, &ca_key, &ca).unwrap();
+    let pair = |name: &str, leaf: Leaf<'_>| {
+        let (cert, key) = (
+            dir.path().join(format!("{name}.pem")),
+            dir.path().join(format!("{name}.key")),
+        );
+        pki::write_pair(&cert, &key, &pki::issue(&ca.key_pem, leaf).unwrap()).unwrap();
+        (cert, key)
+    };
+    let (cert, key) = pair("c", Leaf::Server(&names));
+    let (agent_cert, agent_key) = pair("gpu-a", Leaf::Agent("gpu-a"));
+
+    let data = tempfile::tempdir().unwrap();
+    let tls = TlsConfig {
+        ca_file: ca_pem.clone(),
+        cert_file: cert,
+        key_file: key,
+    };
+    let cfg = CoordinatorConfig {
+        data_dir: data.path().to_owned(),
+        tls: Some(tls.clone()),
+        ..CoordinatorConfig::default()
+    };
+    let cluster = server::open(&cfg).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let config = https::server_config(&tls).unwrap();
+    tokio::spawn(https::serve_tls(
+        listener,
+        cluster,
+        config,
+        std::future::pending(),
+    ));
+    let gpu_a = Https {
+        addr: addr.clone(),
+        config: Arc::new(https::client_config(&ca_pem, Some((&agent_cert, &agent_key))).unwrap()),
+    };
+    let anonymous = Https {
+        addr,
+        config: Arc::new(https::client_config(&ca_pem, None).unwrap()),
+    };
+
+    // Its own node: registered, and its routes answer.
+    let (status, body) = gpu_a
+        .call("POST", "/v1/agents/register", None, &registration("gpu-a"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = gpu_a
+        .call("GET", "/v1/agents/gpu-a/desired?after=0", None, "")
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    // Another node, in the body or in the path: 403 naming both.
+    let (status, body) = gpu_a
+        .call("POST", "/v1/agents/register", None, &registration("gpu-b"))
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains(r#""error":"the client certificate is for node gpu-a, not gpu-b""#)
+            && body.contains(r#""field":"node""#),
+        "{body}"
+    );
+    for (method, path) in [
+        ("POST", "/v1/agents/gpu-b/heartbeat"),
+        ("GET", "/v1/agents/gpu-b/desired"),
+    ] {
+        let (status, body) = gpu_a.call(method, path, None, "{}").await;
+        assert_eq!(status, 403, "{method} {path}: {body}");
+        assert!(body.contains("not gpu-b"), "{body}");
+    }
+
+    // A body that is no registration: the handler's own parse answers, naming the field.
+    let (status, body) = gpu_a
+        .call("POST", "/v1/agents/register", None, r#"{"node": 7}"#)
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid registration: node"), "{body}");
+
+    // No certificate: 401 before the body is looked at, whatever it holds.
+    for body in [registration("gpu-a"), "not json".to_owned()] {
+        let (status, answer) = anonymous
+            .call("POST", "/v1/agents/register", None, &body)
+            .await;
+        assert_eq!(status, 401, "{answer}");
+        assert!(answer.contains("client certificate"), "{answer}");
+    }
+    let (status, _) = anonymous
+        .call("POST", "/v1/agents/gpu-a/heartbeat", None, "{}")
+        .await;
+    assert_eq!(status, 401);
 }
 
 impl Https {

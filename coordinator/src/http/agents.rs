@@ -1,6 +1,10 @@
 //! `/v1/agents`: the agent protocol. Register, heartbeat (answered with the desired state),
 //! and a long-poll that returns as soon as the node's desired state moves past a version.
 //!
+//! Over HTTPS each handler speaks only for the node its caller's client certificate names
+//! ([`super::identity`]): a registration is checked on its parsed body, the other routes on
+//! the `{node}` of their path.
+//!
 //! A heartbeat's own consequences (job states, released leases) are in its answer; the
 //! decisions it makes possible (new placements, a reclaim) follow within
 //! [`crate::cluster::DECISION_INTERVAL_MS`] (longer when deciding is slow) and reach the agent through the long-poll.
@@ -10,11 +14,12 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use nightshift_common::{DesiredNode, Heartbeat, RegisterReply, RegisterRequest};
 use serde::Deserialize;
 
+use super::identity::{Peer, SpeaksFor};
 use super::{HttpError, parse};
 use crate::cluster::{ApplyError, Cluster};
 
@@ -23,9 +28,11 @@ pub const MAX_WAIT_MS: u64 = 30_000;
 
 pub async fn register(
     State(cluster): State<Arc<Cluster>>,
+    peer: Peer,
     body: Bytes,
 ) -> Result<Json<RegisterReply>, HttpError> {
     let req: RegisterRequest = parse("registration", &body)?;
+    peer.speaks_for(&req.node)?;
     if req.node.trim().is_empty() {
         return Err(HttpError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -60,7 +67,7 @@ pub async fn register(
 
 pub async fn heartbeat(
     State(cluster): State<Arc<Cluster>>,
-    Path(node): Path<String>,
+    SpeaksFor(node): SpeaksFor,
     body: Bytes,
 ) -> Result<Json<DesiredNode>, HttpError> {
     let beat: Heartbeat = parse("heartbeat", &body)?;
@@ -98,7 +105,7 @@ pub struct DesiredQuery {
 
 pub async fn desired(
     State(cluster): State<Arc<Cluster>>,
-    Path(node): Path<String>,
+    SpeaksFor(node): SpeaksFor,
     Query(q): Query<DesiredQuery>,
 ) -> Result<Json<DesiredNode>, HttpError> {
     let unknown = || {
