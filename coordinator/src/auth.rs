@@ -4,10 +4,11 @@
 //! SHA-256 is kept, in `DATA_DIR/tokens.json` (mode 0600). The tokens are 256 random bits,
 //! so a plain hash is enough: there is nothing to guess that a slow hash would protect. The
 //! file belongs to the data directory's owner (the service user), whoever creates a token.
-//! A running coordinator rereads the file when it meets a token it does not know, so a token
-//! created while it runs works at once; and while it knows of no token (the API open), each
-//! call looks at the file's metadata (a `stat`, about a microsecond) and rereads it when it
-//! changed, so the first token created closes the API at once.
+//! A running coordinator looks at the file's metadata on each call that needs it (a `stat`,
+//! about a microsecond: its inode, size and modification time) and rereads the file only when
+//! that changed. So a token created while it runs works at once, one removed from the file
+//! stops working at once, the first token created closes the open API at once, and a client
+//! spraying unknown tokens costs a `stat` each, never a read and parse of the file.
 //!
 //! Roles: `admin` may do everything; `operator` runs the cluster (jobs of every team, gateway
 //! signals); `researcher` sees every queue, but submits only as its team and cancels only its
@@ -96,6 +97,8 @@ pub struct Tokens {
     /// The token file as last looked at: which file, its size and when it last changed;
     /// and whether it could not be read then (the API is closed until it can).
     seen: std::sync::Mutex<(Option<FileStamp>, bool)>,
+    /// How many times the file was read since it was opened.
+    reads: std::sync::atomic::AtomicU64,
 }
 
 /// What tells one version of the token file from another without reading it.
@@ -134,6 +137,7 @@ impl Tokens {
             path,
             records: RwLock::new(records),
             seen: std::sync::Mutex::new((seen, false)),
+            reads: std::sync::atomic::AtomicU64::new(1),
         })
     }
 
@@ -157,6 +161,8 @@ impl Tokens {
             return seen.1;
         }
         let fresh = read(&self.path);
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Err(e) = &fresh {
             tracing::warn!(error = %e, "token file cannot be read; the API is closed until it can");
         }
@@ -201,7 +207,9 @@ impl Tokens {
         Ok((record, token))
     }
 
-    /// The principal of `token`, if it is one of ours. Rereads the file once on a miss.
+    /// The principal of `token`, if it is one of ours in the file as it is now: the file is
+    /// reread first if it changed since it was last looked at, and only then. A file that
+    /// cannot be read keeps the tokens last read from it.
     pub fn verify(&self, token: &str) -> Option<Principal> {
         let wanted = hash(token);
         let find = |records: &[TokenRecord]| {
@@ -216,15 +224,13 @@ impl Tokens {
                     team: r.team.clone(),
                 })
         };
-        if let Some(p) = self.records.read().ok().and_then(|r| find(&r)) {
-            return Some(p);
-        }
-        let fresh = read(&self.path).ok()?;
-        let found = find(&fresh);
-        if let Ok(mut r) = self.records.write() {
-            *r = fresh;
-        }
-        found
+        self.reread_if_changed();
+        self.records.read().ok().and_then(|r| find(&r))
+    }
+
+    /// How many times the token file was read, opening included.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -341,6 +347,39 @@ mod tests {
         std::fs::write(dir.path().join(FILE), b"{not json").unwrap();
         assert!(!running.is_empty());
         assert!(!running.is_empty());
+    }
+
+    #[test]
+    fn unknown_tokens_do_not_reread_an_unchanged_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cli = Tokens::open(dir.path()).unwrap();
+        let (_, alice) = cli
+            .create("alice", Role::Researcher, Some("nlp"), 1)
+            .unwrap();
+        let running = Tokens::open(dir.path()).unwrap();
+        let opened = running.reads();
+
+        // Sprayed wrong tokens, and the known one: not one read of the unchanged file.
+        for i in 0..1000 {
+            assert_eq!(running.verify(&format!("{TOKEN_PREFIX}{i:064x}")), None);
+        }
+        assert!(running.verify(&alice).is_some());
+        assert_eq!(running.reads(), opened, "an unchanged file was reread");
+
+        // Rotation: a new token works at once, and one removed from the file stops at once.
+        let (_, bob) = cli.create("bob", Role::Admin, None, 2).unwrap();
+        assert_eq!(running.verify(&bob).unwrap().name, "bob");
+        assert_eq!(running.reads(), opened + 1);
+        let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
+        let mut file: TokenFile = serde_json::from_str(&text).unwrap();
+        file.tokens.retain(|r| r.name != "alice");
+        let fewer = serde_json::to_vec_pretty(&file).unwrap();
+        let tmp = dir.path().join("edited.json");
+        std::fs::write(&tmp, fewer).unwrap();
+        std::fs::rename(&tmp, dir.path().join(FILE)).unwrap();
+        assert_eq!(running.verify(&alice), None, "a removed token still works");
+        assert!(running.verify(&bob).is_some());
+        assert_eq!(running.reads(), opened + 2);
     }
 
     #[test]
