@@ -5,7 +5,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use nightshift_planner::PlanConfig;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -340,9 +342,48 @@ impl AgentConfig {
     }
 }
 
+/// The planner's part of the configuration, as plain values.
+impl AgentConfig {
+    /// What the planner reads: its timeouts, limits and modes. The durations were checked
+    /// finite and not negative by [`AgentConfig::validate`].
+    pub fn plan_config(&self) -> PlanConfig {
+        PlanConfig {
+            readiness_grace: Duration::from_secs_f64(self.readiness_grace_s),
+            drain_timeout: Duration::from_secs_f64(self.drain_timeout_s),
+            free_timeout: Duration::from_secs_f64(self.free_timeout_s),
+            free_memory_bytes: self.free_memory_bytes,
+            health_timeout: Duration::from_secs_f64(self.health_timeout_s),
+            checkpoint_min_free_bytes: self.checkpoint_min_free_bytes,
+            work_dir: self.work_dir.clone(),
+            replica_stop_grace: Duration::from_secs_f64(self.replica.shutdown_timeout_s),
+            reclaim: match self.replica.reclaim {
+                ReclaimMode::Stop => nightshift_planner::ReclaimMode::Stop,
+                ReclaimMode::Sleep => nightshift_planner::ReclaimMode::Sleep,
+            },
+            sleep_max_used_bytes: self.replica.sleep_max_used_bytes,
+            sleep_free_timeout: Duration::from_secs_f64(self.replica.sleep_free_timeout_s),
+            failsafe: self.failsafe.enabled,
+            failsafe_silence: self.failsafe.silence_s.map(Duration::from_secs_f64),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_planner_reads_the_same_defaults() {
+        assert_eq!(AgentConfig::default().plan_config(), PlanConfig::default());
+        let mut cfg = AgentConfig::default();
+        cfg.replica.reclaim = ReclaimMode::Sleep;
+        cfg.readiness_grace_s = 0.25;
+        cfg.failsafe.silence_s = Some(1.5);
+        let plan = cfg.plan_config();
+        assert_eq!(plan.reclaim, nightshift_planner::ReclaimMode::Sleep);
+        assert_eq!(plan.readiness_grace, Duration::from_millis(250));
+        assert_eq!(plan.failsafe_silence, Some(Duration::from_millis(1_500)));
+    }
 
     #[test]
     fn a_file_and_unknown_keys() {

@@ -59,30 +59,9 @@ pub struct PortPublish {
     pub host_port: u16,
 }
 
-/// A container the agent manages, as the engine reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Container {
-    pub id: String,
-    pub name: String,
-    pub image: String,
-    /// The ID (`sha256:...`) of the image it was created from: what `image` resolved to.
-    pub image_id: Option<String>,
-    pub labels: BTreeMap<String, String>,
-    pub state: ContainerState,
-    /// The host port bound to the published container port, once running.
-    pub published_port: Option<u16>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContainerState {
-    Created,
-    Running,
-    /// Paused, restarting or being removed: not ours to touch until it settles.
-    Transitioning,
-    Exited {
-        exit_code: i64,
-    },
-}
+/// A container the agent manages, as the engine reports it: the planner's view, which it
+/// reasons about.
+pub use nightshift_planner::{Container, ContainerState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

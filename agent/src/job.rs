@@ -23,8 +23,9 @@ const MAX_OUTPUT_BYTES: u64 = 64 << 10;
 /// no business of the host's other users.
 pub const JOB_DIR_MODE: u32 = 0o2770;
 
-/// Label carrying the grace period, so that an adopted container is stopped as it asked.
-pub const GRACE_LABEL: &str = "io.nightshift.grace-seconds";
+/// Label carrying the grace period, so that an adopted container is stopped as it asked
+/// (the planner reads it).
+pub use nightshift_planner::GRACE_LABEL;
 
 /// The host directories of a job: its output directory, and the checkpoint directory of one
 /// attempt.

@@ -1,14 +1,14 @@
 //! The executor: one reconcile pass reads the host through the ports (`Engine`, `Gpus`,
-//! `ServingMetrics`, `Host`), asks the planner (`plan.rs`) what to do, runs its steps, and
-//! updates what the agent remembers from their results (an engine refusal becomes a start
-//! failure, a failed sleep a stop). It looks again a poll interval later while a sequence
-//! waits, until the plan is empty: a pass ends with the host matching the desired state, or
-//! with an error, after which the loop (`agent.rs`) tries again.
+//! `ServingMetrics`, `Host`), asks the pure planner (`nightshift-planner`) what to do, runs
+//! its steps, and updates what the agent remembers from their results (an engine refusal
+//! becomes a start failure, a failed sleep a stop). It looks again a poll interval later
+//! while a sequence waits, until the plan is empty: a pass ends with the host matching the
+//! desired state, or with an error, after which the loop (`agent.rs`) tries again.
 //!
 //! Level-triggered and idempotent: every round looks at the world afresh, so running the
 //! same desired state twice changes nothing, and after an agent restart the containers that
 //! are already there are adopted. Time is tokio's clock, read here and handed to the
-//! planner, so that tests can pause it.
+//! planner as a [`Moment`] since the reconciler's origin, so that tests can pause it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -16,20 +16,19 @@ use std::time::Duration;
 
 use nightshift_common::labels;
 use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
+use nightshift_planner::failsafe::{self, Alarm};
+use nightshift_planner::{
+    IllegalMove, Memory, Moment, Note, Observation, Phase, PlanConfig, ReplicaEvent, ReplicaProbe,
+    StartFailure, Step, StopJob, Stuck, gpus_of, jobs, label_u64, lease_of,
+};
 use tokio::time::Instant;
 
 use crate::config::AgentConfig;
 use crate::engine::{Container, ContainerState, Engine, EngineError};
-use crate::failsafe::{self, Alarm};
 use crate::gpus::{GpuError, Gpus};
 use crate::host::Host;
 use crate::host::sysinfo::SysinfoHost;
 use crate::job::{self, JobDirs};
-use crate::lifecycle::{IllegalMove, ReplicaEvent};
-use crate::plan::{
-    self, Memory, Note, Observation, Phase, ReplicaProbe, StartFailure, Step, StopJob, Stuck,
-    gpus_of, jobs, label_u64, lease_of,
-};
 use crate::serving::ServingMetrics;
 use crate::state::Shared;
 
@@ -69,8 +68,12 @@ pub struct Reconciler<E, G, S> {
     pub(crate) gpus: Arc<G>,
     pub(crate) serving: Arc<S>,
     pub(crate) shared: Arc<Shared>,
+    /// What the planner reads of `cfg`.
+    plan_cfg: PlanConfig,
     /// What the planner remembers across passes.
     mem: Memory,
+    /// Where the planner's time begins: a [`Moment`] is the time since.
+    origin: Instant,
     /// Output parameters read from a finished container, by container id.
     outputs: HashMap<String, BTreeMap<String, String>>,
     host: Arc<dyn Host>,
@@ -96,12 +99,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             ..Memory::default()
         };
         Self {
+            plan_cfg: cfg.plan_config(),
             cfg,
             engine,
             gpus,
             serving,
             shared,
             mem,
+            origin: Instant::now(),
             outputs: HashMap::new(),
             host: Arc::new(SysinfoHost::new()),
         }
@@ -117,6 +122,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         &self.shared.node
     }
 
+    /// Now, on tokio's clock, as the planner counts time.
+    fn now(&self) -> Moment {
+        Moment::from_origin(Instant::now().duration_since(self.origin))
+    }
+
+    /// A moment the planner kept, back on tokio's clock.
+    fn instant(&self, at: Moment) -> Instant {
+        self.origin + at.since_origin()
+    }
+
     /// One reconcile pass: observe, plan and execute until the plan is empty.
     pub async fn pass(&mut self) -> Result<(), ReconcileError> {
         self.mem.unremovable.clear();
@@ -127,7 +142,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             acted_on = heard.as_ref().map(|d| d.version);
             let since_contact = self.shared.since_contact();
             if let Some(d) = &heard
-                && let Some(alarm) = failsafe::track(&self.cfg, d, since_contact, &mut self.mem)
+                && let Some(alarm) =
+                    failsafe::track(&self.plan_cfg, d, since_contact, &mut self.mem)
             {
                 self.alarm(alarm, d);
             }
@@ -137,7 +153,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             }
             let desired = heard
                 .as_ref()
-                .map(|d| failsafe::effective(&self.cfg, d, since_contact, &self.mem));
+                .map(|d| failsafe::effective(&self.plan_cfg, d, since_contact, &self.mem));
 
             // A replica serving with no sequence under way is left alone: the heartbeat
             // scrapes it already.
@@ -151,11 +167,11 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 None => Vec::new(),
             };
             if let Some(d) = &desired {
-                self.mem.track_start_failures(d, Instant::now());
+                self.mem.track_start_failures(d, self.now());
             }
             // The host's facts only while a job waits to start: reading them also restarts
             // the CPU-use window that heartbeats report.
-            if !plan::unstarted(&leases, &obs.containers, &self.mem).is_empty() {
+            if !nightshift_planner::unstarted(&leases, &obs.containers, &self.mem).is_empty() {
                 obs.checkpoint_free_bytes = self
                     .host
                     .facts(&self.cfg.work_dir)
@@ -166,13 +182,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             self.shared
                 .update(|o| o.replica_url = obs.replica.as_ref().and_then(|p| p.url.clone()));
 
-            let steps = plan::plan(
-                &self.cfg,
+            let steps = nightshift_planner::plan(
+                &self.plan_cfg,
                 desired.as_ref(),
                 &leases,
                 &obs,
                 &self.mem,
-                Instant::now(),
+                self.now(),
             );
             if steps.is_empty() {
                 break;
@@ -228,11 +244,12 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 None
             }
         };
-        let replica =
-            match plan::replica(&containers).filter(|c| c.state == ContainerState::Running) {
-                Some(c) => Some(self.probe(c, ask).await),
-                None => None,
-            };
+        let replica = match nightshift_planner::replica(&containers)
+            .filter(|c| c.state == ContainerState::Running)
+        {
+            Some(c) => Some(self.probe(c, ask).await),
+            None => None,
+        };
         Ok(Observation {
             containers,
             gpus,
@@ -266,7 +283,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
 
     /// The leases to act on; stale ones are refused (and said so when `loud`).
     fn honoured(&self, desired: &DesiredNode, loud: bool) -> Vec<LeaseGrant> {
-        let (ok, stale) = plan::honoured(&desired.leases, &self.mem.fenced);
+        let (ok, stale) = nightshift_planner::honoured(&desired.leases, &self.mem.fenced);
         for s in stale.iter().filter(|_| loud) {
             tracing::warn!(
                 node = %self.node(), lease.id = s.lease_id, lease.epoch = s.epoch,
@@ -305,12 +322,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 Step::Replica(event) => {
                     self.mem.replica = self.shared.replica_event(event)?;
                 }
-                Step::Enter(phase) => self.mem.phase = phase.map(|p| (p, Instant::now())),
+                Step::Enter(phase) => self.mem.phase = phase.map(|p| (p, self.now())),
                 Step::Record {
                     sequence,
                     phase,
                     began,
-                } => self.shared.record_phase(sequence, phase, began),
+                } => self
+                    .shared
+                    .record_phase(sequence, phase, self.instant(began)),
                 Step::StopJobs { jobs, reclaim } => self.stop_jobs(&jobs, reclaim).await?,
                 Step::StopReplica { id, grace } => {
                     let t = Instant::now();
@@ -326,7 +345,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     let timeout = Duration::from_secs_f64(self.cfg.replica.sleep_timeout_s);
                     if let Err(e) = self.serving.sleep(&url, level, timeout).await {
                         tracing::warn!(node = %self.node(), error = %e, "vllm sleep failed; stopping the replica instead");
-                        self.mem.phase = Some((Phase::StopInstead, Instant::now()));
+                        self.mem.phase = Some((Phase::StopInstead, self.now()));
                         return Ok(false);
                     }
                     self.shared

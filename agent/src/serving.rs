@@ -16,16 +16,8 @@ use std::time::Duration;
 
 use nightshift_common::ServingSignals;
 
-/// What `/health` said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Health {
-    /// 200.
-    Healthy,
-    /// Connection refused or reset: vLLM is still loading, or gone.
-    Unreachable,
-    /// Any other answer, e.g. 503 after an engine error.
-    Unhealthy(u16),
-}
+/// What `/health` said: the planner's view, which it reasons about.
+pub use nightshift_planner::Health;
 
 pub trait ServingMetrics: Send + Sync + 'static {
     fn health(&self, base_url: &str) -> impl Future<Output = Health> + Send;

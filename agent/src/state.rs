@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nightshift_common::{DesiredNode, JobRun, PhaseRecord, ReplicaState, SequenceKind, UnixMillis};
+use nightshift_planner::lifecycle;
+use nightshift_planner::{IllegalMove, ReplicaEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::lifecycle::{IllegalMove, ReplicaEvent};
 use crate::telemetry::Telemetry;
 
 /// Phases kept for heartbeats; the coordinator deduplicates by `seq`.
@@ -96,7 +97,7 @@ impl Shared {
     /// serves (not starting, draining, asleep or stopped).
     pub fn ready(&self) -> bool {
         let o = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-        crate::lifecycle::ready(o.replica)
+        lifecycle::ready(o.replica)
     }
 
     /// Moves the replica's state by `event` through its transition function, the only way it
@@ -105,15 +106,15 @@ impl Shared {
         let (from, to) = {
             let mut o = self.observed.lock().unwrap_or_else(|p| p.into_inner());
             let from = o.replica;
-            o.replica = crate::lifecycle::apply(from, event)?;
+            o.replica = lifecycle::apply(from, event)?;
             (from, o.replica)
         };
-        let ready = crate::lifecycle::ready(to);
+        let ready = lifecycle::ready(to);
         self.telemetry.ready(ready);
         if from != to {
             tracing::info!(node = %self.node, from = from.as_str(), to = to.as_str(), "replica state changed");
         }
-        if crate::lifecycle::ready(from) != ready {
+        if lifecycle::ready(from) != ready {
             tracing::info!(node = %self.node, ready, "readiness changed");
         }
         Ok(to)

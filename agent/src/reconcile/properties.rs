@@ -217,7 +217,7 @@ impl World {
             .collect();
         let mut owner: HashMap<u32, &str> = HashMap::new();
         for c in &running_jobs {
-            for g in crate::plan::gpus_of(c) {
+            for g in nightshift_planner::gpus_of(c) {
                 if let Some(other) = owner.insert(g, &c.id) {
                     panic!("gpu {g} runs both {other} and {}", c.id);
                 }

@@ -25,20 +25,18 @@ use std::time::Duration;
 
 use nightshift_common::DesiredNode;
 
-use crate::config::AgentConfig;
+use crate::config::PlanConfig;
 use crate::plan::Memory;
 
 /// How long the coordinator may be silent before the fail-safe acts.
-pub fn silence_limit(cfg: &AgentConfig, desired: &DesiredNode) -> Duration {
-    cfg.failsafe
-        .silence_s
-        .map(Duration::from_secs_f64)
+pub fn silence_limit(cfg: &PlanConfig, desired: &DesiredNode) -> Duration {
+    cfg.failsafe_silence
         .unwrap_or(Duration::from_millis(desired.lease_ttl_ms))
 }
 
 /// How long the coordinator has been silent past the limit, if it has.
 fn silent_for(
-    cfg: &AgentConfig,
+    cfg: &PlanConfig,
     desired: &DesiredNode,
     since_contact: Option<Duration>,
 ) -> Option<Duration> {
@@ -48,12 +46,12 @@ fn silent_for(
 /// The desired state to act on: the coordinator's, without the void leases; with none at
 /// all while the fail-safe acts. A node whose every listed lease is void serves.
 pub fn effective(
-    cfg: &AgentConfig,
+    cfg: &PlanConfig,
     desired: &DesiredNode,
     since_contact: Option<Duration>,
     mem: &Memory,
 ) -> DesiredNode {
-    let failing_safe = cfg.failsafe.enabled && silent_for(cfg, desired, since_contact).is_some();
+    let failing_safe = cfg.failsafe && silent_for(cfg, desired, since_contact).is_some();
     let leases: Vec<_> = desired
         .leases
         .iter()
@@ -88,14 +86,14 @@ pub enum Alarm {
 /// Enters or leaves the fail-safe: keeps the void leases and whether the silence was told,
 /// and says what is worth logging.
 pub fn track(
-    cfg: &AgentConfig,
+    cfg: &PlanConfig,
     desired: &DesiredNode,
     since_contact: Option<Duration>,
     mem: &mut Memory,
 ) -> Option<Alarm> {
     match silent_for(cfg, desired, since_contact) {
         Some(silent) if !desired.leases.is_empty() => {
-            if !cfg.failsafe.enabled {
+            if !cfg.failsafe {
                 let first = !mem.silence_logged;
                 mem.silence_logged = true;
                 return first.then(|| Alarm::Disabled {
@@ -157,7 +155,7 @@ mod tests {
 
     #[test]
     fn silence_past_the_ttl_voids_the_leases_once_and_the_node_serves() {
-        let cfg = AgentConfig::default();
+        let cfg = PlanConfig::default();
         let mut mem = Memory::default();
         let d = desired(&[4, 5]);
         let heard = Some(Duration::from_millis(500));
@@ -188,8 +186,10 @@ mod tests {
 
     #[test]
     fn disabled_it_only_says_so_once() {
-        let mut cfg = AgentConfig::default();
-        cfg.failsafe.enabled = false;
+        let cfg = PlanConfig {
+            failsafe: false,
+            ..PlanConfig::default()
+        };
         let mut mem = Memory::default();
         let d = desired(&[4]);
         let silent = Some(Duration::from_secs(3));

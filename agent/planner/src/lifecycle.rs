@@ -1,11 +1,11 @@
 //! The replica's state machine: one transition function, [`apply`], and illegal moves as
 //! typed errors ([`IllegalMove`]), as `Job::apply` in the core.
 //!
-//! It is the only way the replica's state ([`crate::state::Observed::replica`]) changes: the
-//! planner says what happened as a [`ReplicaEvent`], the executor applies it
-//! ([`crate::state::Shared::replica_event`]). Readiness (the load balancer's `/ready`) is not
-//! stored beside it but derived from it: ready exactly while the replica is `Serving`, so a
-//! draining, starting, sleeping or stopped replica is never sent requests.
+//! It is the only way the replica's state (the agent's `state::Observed::replica`) changes:
+//! the planner says what happened as a [`ReplicaEvent`], the executor applies it
+//! (`state::Shared::replica_event` in the agent). Readiness (the load balancer's `/ready`) is
+//! not stored beside it but derived from it: ready exactly while the replica is `Serving`, so
+//! a draining, starting, sleeping or stopped replica is never sent requests.
 
 use nightshift_common::ReplicaState;
 

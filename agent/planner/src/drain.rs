@@ -7,21 +7,18 @@
 //! after all (`sleep_insufficient`). Each wait is a [`Phase`]: this is the planner's half of
 //! the drain, pure; the executor runs its steps.
 
-use std::time::Duration;
-
 use nightshift_common::{ReplicaState, SequenceKind};
-use tokio::time::Instant;
 
-use crate::config::{AgentConfig, ReclaimMode};
+use crate::config::{PlanConfig, ReclaimMode};
 use crate::lifecycle::ReplicaEvent;
-use crate::plan::{Memory, Note, Observation, Phase, Step, busy};
-use crate::serving::Health;
+use crate::plan::{Health, Memory, Note, Observation, Phase, Step, busy};
+use crate::time::Moment;
 
 const DRAIN: SequenceKind = SequenceKind::Drain;
 
 /// The drain's next steps; none once the replica is stopped (its GPUs confirmed free) or
 /// asleep.
-pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) -> Vec<Step> {
+pub fn plan(cfg: &PlanConfig, obs: &Observation, mem: &Memory, now: Moment) -> Vec<Step> {
     let Some(p) = &obs.replica else {
         if mem.replica != ReplicaState::Stopped {
             return vec![Step::Replica(ReplicaEvent::Stopped)];
@@ -29,7 +26,7 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
         let Some(began) = mem.since(Phase::ConfirmStopped) else {
             return Vec::new();
         };
-        let timeout = Duration::from_secs_f64(cfg.free_timeout_s);
+        let timeout = cfg.free_timeout;
         return busy(obs, &obs.gpus, cfg.free_memory_bytes, began, now, timeout).unwrap_or_else(
             || {
                 vec![
@@ -43,12 +40,12 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
             },
         );
     };
-    let sleep_mode = cfg.replica.reclaim == ReclaimMode::Sleep;
+    let sleep_mode = cfg.reclaim == ReclaimMode::Sleep;
     let stop = || {
         vec![
             Step::StopReplica {
                 id: p.container_id.clone(),
-                grace: Duration::from_secs_f64(cfg.replica.shutdown_timeout_s),
+                grace: cfg.replica_stop_grace,
             },
             Step::Enter(Some(Phase::ConfirmStopped)),
         ]
@@ -57,7 +54,7 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
         ReplicaState::Sleeping => Vec::new(),
         ReplicaState::Draining => match mem.phase {
             Some((Phase::MarkNotReady, began)) => {
-                if now.duration_since(began) < Duration::from_secs_f64(cfg.readiness_grace_s) {
+                if now.duration_since(began) < cfg.readiness_grace {
                     return vec![Step::Wait];
                 }
                 vec![
@@ -72,8 +69,7 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
             Some((Phase::WaitInFlight, began)) => {
                 let idle = p.requests_running == Some(0.0) && p.requests_waiting == Some(0.0);
                 let gone = p.requests_running.is_none() && p.health == Some(Health::Unreachable);
-                let late =
-                    now.duration_since(began) >= Duration::from_secs_f64(cfg.drain_timeout_s);
+                let late = now.duration_since(began) >= cfg.drain_timeout;
                 let mut steps = match (idle, gone, late) {
                     (true, _, _) => Vec::new(),
                     (false, true, _) => vec![Step::Note(Note::ReplicaUnreachable)],
@@ -117,10 +113,10 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
 /// `replica.sleep_max_used_bytes` on every GPU within `replica.sleep_free_timeout_s`; else
 /// the replica is stopped.
 fn confirm_asleep(
-    cfg: &AgentConfig,
+    cfg: &PlanConfig,
     obs: &Observation,
-    began: Instant,
-    now: Instant,
+    began: Moment,
+    now: Moment,
     stop: impl Fn() -> Vec<Step>,
 ) -> Vec<Step> {
     let asleep = obs.replica.as_ref().is_some_and(|p| p.says_asleep());
@@ -129,8 +125,8 @@ fn confirm_asleep(
         steps.extend(stop());
         return steps;
     }
-    let limit = cfg.replica.sleep_max_used_bytes;
-    let timeout = Duration::from_secs_f64(cfg.replica.sleep_free_timeout_s);
+    let limit = cfg.sleep_max_used_bytes;
+    let timeout = cfg.sleep_free_timeout;
     match busy(obs, &obs.gpus, limit, began, now, timeout) {
         None => vec![
             Step::Replica(ReplicaEvent::Slept),

@@ -7,18 +7,17 @@
 use std::time::Duration;
 
 use nightshift_common::{ReplicaState, SequenceKind};
-use tokio::time::Instant;
 
-use crate::config::AgentConfig;
+use crate::config::PlanConfig;
 use crate::lifecycle::ReplicaEvent;
-use crate::plan::{Memory, Note, Observation, Phase, Step, Stuck, busy};
-use crate::serving::Health;
+use crate::plan::{Health, Memory, Note, Observation, Phase, Step, Stuck, busy};
+use crate::time::Moment;
 
 const RECLAIM: SequenceKind = SequenceKind::Reclaim;
 
 /// The reclaim's next steps; none once the replica serves.
-pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) -> Vec<Step> {
-    let free_timeout = Duration::from_secs_f64(cfg.free_timeout_s);
+pub fn plan(cfg: &PlanConfig, obs: &Observation, mem: &Memory, now: Moment) -> Vec<Step> {
+    let free_timeout = cfg.free_timeout;
     let Some(p) = &obs.replica else {
         // Nothing runs: confirm the GPUs free, then start it.
         if !matches!(mem.replica, ReplicaState::Stopped | ReplicaState::Failed) {
@@ -47,7 +46,7 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
             ]
         });
     };
-    let health_timeout = Duration::from_secs_f64(cfg.health_timeout_s);
+    let health_timeout = cfg.health_timeout;
     match mem.replica {
         ReplicaState::Serving => Vec::new(),
         // A drain that was called off: ready again.
@@ -65,7 +64,7 @@ pub fn plan(cfg: &AgentConfig, obs: &Observation, mem: &Memory, now: Instant) ->
             let url = p.url.clone().unwrap_or_default();
             match mem.phase {
                 Some((Phase::ConfirmFreeForWake, began)) => {
-                    let limit = cfg.replica.sleep_max_used_bytes;
+                    let limit = cfg.sleep_max_used_bytes;
                     busy(obs, &obs.gpus, limit, began, now, free_timeout).unwrap_or_else(|| {
                         vec![
                             Step::Record {

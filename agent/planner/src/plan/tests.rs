@@ -4,23 +4,27 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use nightshift_common::{DesiredNode, JobSpec, LeaseGrant, ReplicaState, SequenceKind, labels};
-use tokio::time::Instant;
 
 use super::*;
-use crate::config::{AgentConfig, ReclaimMode};
-use crate::engine::{Container, ContainerState};
+use crate::config::{PlanConfig, ReclaimMode};
+use crate::container::{Container, ContainerState, GRACE_LABEL};
 use crate::lifecycle::ReplicaEvent;
-use crate::serving::Health;
+use crate::time::Moment;
 
 const GIB: u64 = 1 << 30;
 
-fn cfg() -> AgentConfig {
-    AgentConfig {
-        readiness_grace_s: 5.0,
-        drain_timeout_s: 120.0,
-        free_timeout_s: 30.0,
-        ..AgentConfig::default()
+fn cfg() -> PlanConfig {
+    PlanConfig {
+        readiness_grace: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(120),
+        free_timeout: Duration::from_secs(30),
+        ..PlanConfig::default()
     }
+}
+
+/// A moment of an agent that has run for a minute.
+fn t0() -> Moment {
+    Moment::from_origin(Duration::from_secs(60))
 }
 
 fn lease(lease_id: u64, epoch: u64, gpus: Vec<u32>) -> LeaseGrant {
@@ -63,7 +67,7 @@ fn job(id: &str, lease: &LeaseGrant, state: ContainerState) -> Container {
                     .collect::<Vec<_>>()
                     .join(","),
             ),
-            (crate::job::GRACE_LABEL.to_owned(), "9".to_owned()),
+            (GRACE_LABEL.to_owned(), "9".to_owned()),
         ]),
         state,
         published_port: None,
@@ -106,7 +110,7 @@ fn serving_host(running: f64, used: u64) -> Observation {
     }
 }
 
-fn memory(replica: ReplicaState, phase: Option<(Phase, Instant)>) -> Memory {
+fn memory(replica: ReplicaState, phase: Option<(Phase, Moment)>) -> Memory {
     Memory {
         replica,
         phase,
@@ -116,7 +120,7 @@ fn memory(replica: ReplicaState, phase: Option<(Phase, Instant)>) -> Memory {
 
 #[test]
 fn lending_a_serving_node_begins_a_drain_and_waits_out_the_readiness_grace() {
-    let (cfg, t0) = (cfg(), Instant::now());
+    let (cfg, t0) = (cfg(), t0());
     let l = [lease(1, 1, vec![0, 1])];
     let lend = desired(false, &l);
     let obs = serving_host(3.0, 70 * GIB);
@@ -153,7 +157,7 @@ fn lending_a_serving_node_begins_a_drain_and_waits_out_the_readiness_grace() {
 
 #[test]
 fn the_replica_is_stopped_once_idle_or_at_the_drain_timeout() {
-    let (cfg, t0) = (cfg(), Instant::now());
+    let (cfg, t0) = (cfg(), t0());
     let l = [lease(1, 1, vec![0, 1])];
     let lend = desired(false, &l);
     let mem = memory(ReplicaState::Draining, Some((Phase::WaitInFlight, t0)));
@@ -190,9 +194,9 @@ fn the_replica_is_stopped_once_idle_or_at_the_drain_timeout() {
 
 #[test]
 fn in_sleep_mode_the_idle_replica_is_put_to_sleep_and_stopped_if_memory_stays() {
-    let (mut cfg, t0) = (cfg(), Instant::now());
-    cfg.replica.reclaim = ReclaimMode::Sleep;
-    cfg.replica.sleep_free_timeout_s = 10.0;
+    let (mut cfg, t0) = (cfg(), t0());
+    cfg.reclaim = ReclaimMode::Sleep;
+    cfg.sleep_free_timeout = Duration::from_secs(10);
     let l = [lease(1, 1, vec![0, 1])];
     let lend = desired(false, &l);
     let obs = serving_host(0.0, 70 * GIB);
@@ -235,7 +239,7 @@ fn in_sleep_mode_the_idle_replica_is_put_to_sleep_and_stopped_if_memory_stays() 
 
 #[test]
 fn a_drain_is_abandoned_when_the_node_should_serve_again() {
-    let (cfg, t0) = (cfg(), Instant::now());
+    let (cfg, t0) = (cfg(), t0());
     let mem = memory(ReplicaState::Draining, Some((Phase::WaitInFlight, t0)));
     assert_eq!(
         plan(
@@ -256,7 +260,7 @@ fn a_drain_is_abandoned_when_the_node_should_serve_again() {
 
 #[test]
 fn jobs_start_only_once_nvml_shows_their_gpus_free() {
-    let (cfg, t0) = (cfg(), Instant::now());
+    let (cfg, t0) = (cfg(), t0());
     let l = [lease(1, 1, vec![0, 1])];
     let lend = desired(false, &l);
     let mut obs = serving_host(0.0, 0);
@@ -302,7 +306,7 @@ fn jobs_start_only_once_nvml_shows_their_gpus_free() {
 
 #[test]
 fn unleased_jobs_are_stopped_first_with_their_grace() {
-    let (cfg, t0) = (cfg(), Instant::now());
+    let (cfg, t0) = (cfg(), t0());
     let gone = lease(1, 1, vec![0, 1]);
     let obs = Observation {
         containers: vec![job("j1", &gone, ContainerState::Running)],
@@ -343,7 +347,7 @@ fn unleased_jobs_are_stopped_first_with_their_grace() {
 
 #[test]
 fn reclaim_confirms_the_gpus_free_then_starts_the_replica_and_waits_for_health() {
-    let (cfg, t0) = (cfg(), Instant::now());
+    let (cfg, t0) = (cfg(), t0());
     let serve = desired(true, &[]);
     let empty = Observation {
         containers: Vec::new(),
@@ -392,7 +396,7 @@ fn reclaim_confirms_the_gpus_free_then_starts_the_replica_and_waits_for_health()
 
 #[test]
 fn before_the_coordinator_answers_a_running_replica_is_adopted_and_nothing_else_changes() {
-    let (cfg, t0) = (cfg(), Instant::now());
+    let (cfg, t0) = (cfg(), t0());
     let fresh = memory(ReplicaState::Stopped, None);
     let up = serving_host(0.0, 70 * GIB);
     assert_eq!(
@@ -449,7 +453,7 @@ fn a_stale_lease_is_refused() {
 
 #[test]
 fn start_failures_are_forgotten_a_lease_ttl_after_unlisting() {
-    let t0 = Instant::now();
+    let t0 = t0();
     let l = lease(1, 1, vec![0]);
     let mut mem = Memory::default();
     mem.start_failures

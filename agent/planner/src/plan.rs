@@ -3,9 +3,9 @@
 //! remembers across passes (its [`Memory`]), at a time it is given.
 //!
 //! [`plan`] is a pure function: no I/O, no clock, no async. It returns [`Step`]s for the
-//! executor (`reconcile.rs`) to run against the ports. A wait in a sequence (the readiness
-//! grace, in-flight requests reaching 0, GPU memory freeing, `/health`, the sleep, the
-//! timeouts) is a [`Phase`] remembered with when it began: the planner says [`Step::Wait`]
+//! executor (the agent's `reconcile.rs`) to run against the ports. A wait in a sequence (the
+//! readiness grace, in-flight requests reaching 0, GPU memory freeing, `/health`, the sleep,
+//! the timeouts) is a [`Phase`] remembered with when it began: the planner says [`Step::Wait`]
 //! until its condition holds or its deadline passes, and is asked again a poll later, so a
 //! desired state that changes in the middle of a drain is simply the next plan's input. The
 //! sequences themselves are in `drain.rs` (lend the node) and `reclaim.rs` (serve again); the
@@ -16,13 +16,24 @@ use std::time::Duration;
 
 use nightshift_common::labels;
 use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
-use tokio::time::Instant;
 
-use crate::config::AgentConfig;
-use crate::engine::{Container, ContainerState};
-use crate::job::GRACE_LABEL;
+use crate::config::PlanConfig;
+use crate::container::{
+    Container, ContainerState, GRACE_LABEL, gpus_of, jobs, label_u64, lease_of,
+};
 use crate::lifecycle::ReplicaEvent;
-use crate::serving::Health;
+use crate::time::Moment;
+
+/// What vLLM's `/health` said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// 200.
+    Healthy,
+    /// Connection refused or reset: vLLM is still loading, or gone.
+    Unreachable,
+    /// Any other answer, e.g. 503 after an engine error.
+    Unhealthy(u16),
+}
 
 /// What the executor read from the host in this round.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +87,7 @@ pub struct StartFailure {
     /// The run reported: the lease's job, attempt, epoch, GPUs and why.
     pub run: JobRun,
     /// Since when the desired state no longer lists the lease.
-    pub unlisted_since: Option<Instant>,
+    pub unlisted_since: Option<Moment>,
 }
 
 impl StartFailure {
@@ -139,7 +150,7 @@ pub struct Memory {
     /// A silence already logged (the fail-safe is loud once, not every pass).
     pub silence_logged: bool,
     /// The wait the current sequence is in, and since when.
-    pub phase: Option<(Phase, Instant)>,
+    pub phase: Option<(Phase, Moment)>,
     /// Finished containers whose removal failed in this pass (tried again next pass).
     pub unremovable: HashSet<String>,
 }
@@ -161,7 +172,7 @@ impl Default for Memory {
 
 impl Memory {
     /// The phase's start, when the sequence is in `phase`.
-    pub fn since(&self, phase: Phase) -> Option<Instant> {
+    pub fn since(&self, phase: Phase) -> Option<Moment> {
         self.phase.filter(|(p, _)| *p == phase).map(|(_, t)| t)
     }
 
@@ -178,7 +189,7 @@ impl Memory {
 
     /// Notes which start failures' leases the coordinator no longer lists, and forgets those
     /// unlisted for a lease TTL.
-    pub fn track_start_failures(&mut self, desired: &DesiredNode, now: Instant) {
+    pub fn track_start_failures(&mut self, desired: &DesiredNode, now: Moment) {
         let ttl = Duration::from_millis(desired.lease_ttl_ms);
         for (id, f) in &mut self.start_failures {
             if desired.leases.iter().any(|l| l.lease_id == *id) {
@@ -203,7 +214,7 @@ pub enum Step {
     Record {
         sequence: SequenceKind,
         phase: &'static str,
-        began: Instant,
+        began: Moment,
     },
     /// Sends these jobs their checkpoint signal and kills each after its grace, all at once;
     /// records `stop_jobs` when `reclaim`.
@@ -271,12 +282,12 @@ pub enum Stuck {
 /// stale ones by the executor: see [`honoured`] and `failsafe::effective`), given what was
 /// observed and what is remembered, at `now`. No step means the host matches.
 pub fn plan(
-    cfg: &AgentConfig,
+    cfg: &PlanConfig,
     desired: Option<&DesiredNode>,
     leases: &[LeaseGrant],
     obs: &Observation,
     mem: &Memory,
-    now: Instant,
+    now: Moment,
 ) -> Vec<Step> {
     let Some(desired) = desired else {
         return adopt(obs, mem);
@@ -332,11 +343,11 @@ fn adopt(obs: &Observation, mem: &Memory) -> Vec<Step> {
 /// Starts a container for each honoured lease that has none yet, once the replica is
 /// stopped or asleep and NVML shows the leased GPUs free.
 fn start_jobs(
-    cfg: &AgentConfig,
+    cfg: &PlanConfig,
     leases: &[LeaseGrant],
     obs: &Observation,
     mem: &Memory,
-    now: Instant,
+    now: Moment,
 ) -> Vec<Step> {
     if !matches!(mem.replica, ReplicaState::Stopped | ReplicaState::Sleeping) {
         return Vec::new();
@@ -351,14 +362,14 @@ fn start_jobs(
         .collect();
     // A sleeping replica keeps its CUDA context.
     let limit = if mem.replica == ReplicaState::Sleeping {
-        cfg.replica.sleep_max_used_bytes
+        cfg.sleep_max_used_bytes
     } else {
         cfg.free_memory_bytes
     };
     let Some(began) = mem.since(Phase::ConfirmFreeForJobs) else {
         return vec![Step::Enter(Some(Phase::ConfirmFreeForJobs))];
     };
-    let timeout = Duration::from_secs_f64(cfg.free_timeout_s);
+    let timeout = cfg.free_timeout;
     if let Some(stuck) = busy(obs, &gpus, limit, began, now, timeout) {
         return stuck;
     }
@@ -392,7 +403,7 @@ pub fn unstarted<'a>(
 }
 
 /// Why no job may start for lack of checkpoint space, if so.
-fn checkpoint_volume_short(cfg: &AgentConfig, obs: &Observation) -> Option<String> {
+fn checkpoint_volume_short(cfg: &PlanConfig, obs: &Observation) -> Option<String> {
     let floor = cfg.checkpoint_min_free_bytes;
     let free = obs.checkpoint_free_bytes?;
     (free < floor).then(|| {
@@ -420,8 +431,8 @@ pub(crate) fn busy(
     obs: &Observation,
     gpus: &[u32],
     limit: u64,
-    began: Instant,
-    now: Instant,
+    began: Moment,
+    now: Moment,
     timeout: Duration,
 ) -> Option<Vec<Step>> {
     let busy: Vec<u32> = match &obs.gpu_memory {
@@ -480,34 +491,6 @@ pub fn honoured(
         }
     }
     (ok, stale)
-}
-
-pub(crate) fn jobs(containers: &[Container]) -> impl Iterator<Item = &Container> {
-    containers
-        .iter()
-        .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_JOB))
-}
-
-/// The replica's container, running or not.
-pub(crate) fn replica(containers: &[Container]) -> Option<&Container> {
-    containers
-        .iter()
-        .find(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_REPLICA))
-}
-
-pub(crate) fn label_u64(c: &Container, key: &str) -> Option<u64> {
-    c.labels.get(key)?.parse().ok()
-}
-
-pub(crate) fn lease_of(c: &Container) -> Option<u64> {
-    label_u64(c, labels::LEASE_ID)
-}
-
-pub(crate) fn gpus_of(c: &Container) -> Vec<u32> {
-    c.labels
-        .get(labels::GPUS)
-        .map(|g| g.split(',').filter_map(|s| s.parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
