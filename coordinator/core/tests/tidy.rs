@@ -50,6 +50,7 @@ const PURE_CRATES: &[&str] = &[
     "coordinator/sim",
     "coordinator/pipeline",
     "coordinator/policy",
+    "agent/planner",
 ];
 
 /// Workspace crates outside [`PURE_CRATES`] that a pure crate may depend on, and why.
