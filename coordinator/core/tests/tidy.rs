@@ -1,7 +1,7 @@
 //! Tidy: the decision crates stay pure.
 //!
-//! The core, the simulator and the pipeline engine decide from their inputs alone: they take
-//! `now` and events and return decisions, so that a simulated clock can drive them and a run
+//! The core, the simulator, the pipeline engine, the job policy and the agent's planner decide
+//! from their inputs alone: they take `now` and events and return decisions, so that a simulated clock can drive them and a run
 //! can be replayed. This test reads the sources of every crate in [`PURE_CRATES`] and fails,
 //! naming file and line, on any of:
 //!
