@@ -1,0 +1,64 @@
+# shellcheck shell=bash disable=SC2034
+# tests/cluster/lib.sh: names and helpers shared by up.sh, down.sh and selftest.sh.
+# Sourced, never run. Every name the rig creates starts with "nsc" (nightshift cluster) or
+# lives under $NSC_STATE, so that down.sh can find all of it again, even after an up.sh that
+# failed half-way and wrote no pid files.
+
+NSC_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+NSC_STATE=/var/lib/nightshift-cluster   # everything the rig writes: configs, data, logs, pids
+NSC_NET=198.18.0                        # RFC 2544 benchmark range: nobody's real addresses
+NSC_GW=$NSC_NET.1                       # the root namespace on the switch
+NSC_REGISTRY=$NSC_GW:5000
+NSC_COORDINATOR_PORT=7400
+NSC_SWITCH=nsc-switch                   # the namespace holding the bridge
+NSC_BRIDGE=nsc-br0
+NSC_ROOT_VETH=nsc-root                  # the root namespace's leg on the switch
+NSC_MAX_HOSTS=20                        # 198.18.0.11 .. 198.18.0.30
+NSC_REGISTRY_USER=nightshift
+NSC_BIN=$NSC_REPO/target/debug
+NSC_REPLICA_IMAGE=nightshift/vllm-standin:dev
+NSC_TRAINER_IMAGE=nightshift/toy-trainer:dev
+NSC_BUSYBOX_IMAGE=nightshift-test/busybox:dev
+
+# Host i: node name and host name gpuI, namespace nsc-gpuI, address 198.18.0.(10+I).
+nsc_host() { echo "gpu$1"; }
+nsc_netns() { echo "nsc-gpu$1"; }
+nsc_addr() { echo "$NSC_NET.$((10 + $1))"; }
+nsc_sock() { echo "$NSC_STATE/gpu$1/docker.sock"; }
+nsc_cgroup() { echo "nsc-gpu$1"; }   # the engine's cgroup parent (/nsc-gpuI in every hierarchy)
+
+nsc_log() { printf '[cluster %s] %s\n' "$(date +%T)" "$*" >&2; }
+nsc_die() {
+  nsc_log "error: $*"
+  exit 1
+}
+nsc_now() { echo "$EPOCHREALTIME"; }
+nsc_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+
+# The Docker CLI against host i's engine, with the rig's registry login (never ~/.docker).
+nsc_docker() {
+  local i=$1
+  shift
+  DOCKER_CONFIG=$NSC_STATE/docker-client docker -H "unix://$(nsc_sock "$i")" "$@"
+}
+
+# How many hosts the rig that is up has (0 when none).
+nsc_hosts() { cat "$NSC_STATE/hosts" 2>/dev/null || echo 0; }
+
+nsc_require_root() {
+  [ "$(id -u)" -eq 0 ] || nsc_die "the rig needs root (network namespaces, dockerd, mounts)"
+}
+
+# PIDs of processes whose command line mentions the rig's state directory: the agents, the
+# coordinator, the registry, the engines and their containerd and shims. Never this shell or
+# its ancestors (a caller's command line may name the directory too).
+nsc_rig_pids() {
+  local p a=$$ self=" $BASHPID "
+  while [ "$a" -gt 1 ] 2>/dev/null; do
+    self+="$a "
+    a=$(awk '{ print $4 }' "/proc/$a/stat" 2>/dev/null || echo 1)
+  done
+  for p in $(pgrep -f -- "$NSC_STATE/"); do
+    [[ $self == *" $p "* ]] || echo "$p"
+  done
+}
