@@ -22,6 +22,11 @@
 //! | `TRAINER_CHECKPOINT_EVERY` | `100` | checkpoint every this many steps |
 //! | `TRAINER_CHECKPOINT_DELAY_MS` | `0` | how long writing one checkpoint takes |
 //! | `TRAINER_IGNORE_SIGTERM` | unset | `1`: ignore SIGTERM, SIGINT and SIGUSR1 entirely |
+//! | `TRAINER_RENDEZVOUS` | unset | `1`: train as a gang when `NNODES` > 1 (see [Gang mode](#gang-mode)) |
+//! | `NNODES`, `NODE_RANK` | | the gang's size and this member's rank (`WORLD_SIZE`, `RANK` when unset) |
+//! | `MASTER_ADDR`, `MASTER_PORT` | | where the other ranks reach rank 0 |
+//! | `TRAINER_RENDEZVOUS_TIMEOUT_SECS` | `300` | how long the gang may take to meet |
+//! | `TRAINER_PEER_TIMEOUT_SECS` | `60` | how long a peer may stay silent in a step (more than a checkpoint takes) |
 //!
 //! # Checkpoints
 //!
@@ -45,6 +50,23 @@
 //! attempt's checkpoint into it before the start, so resuming needs nothing more than reading
 //! it, and an earlier attempt still running elsewhere cannot overwrite it.
 //! - Any I/O error: a message on stderr and exit 1. Bad configuration: exit 2.
+//!
+//! # Gang mode
+//!
+//! With `TRAINER_RENDEZVOUS=1` and `NNODES` > 1 the trainer is one member of a gang, like one
+//! node's torchrun agent (the gang's size is `NNODES`, not `WORLD_SIZE`, which counts processes:
+//! `NNODES` × `NPROC_PER_NODE`). Rank 0 listens on `MASTER_PORT` on all interfaces, the others
+//! connect to `MASTER_ADDR:MASTER_PORT` (retrying with a backoff of up to 2 s), and the gang
+//! resumes from the newest checkpoint every rank holds; checkpoints newer than that are removed
+//! (they belong to steps the gang takes again). Each step ends in a barrier at rank 0, so the
+//! ranks advance in lock step, checkpoint at the same steps, and a stop signal sent to any one of
+//! them makes all of them checkpoint the same step and exit with 128 + that signal. A signal during
+//! the rendezvous exits at once (nothing to save). A rank that does not come within the
+//! rendezvous timeout, or a peer that vanishes later, fails every rank with exit 1 and an error
+//! naming it (as NCCL would). Outputs add `rank`, `nnodes` and `rounds` (steps taken in lock step
+//! by this start). The protocol is in `src/rendezvous.rs`. Without `TRAINER_RENDEZVOUS=1` the
+//! rendezvous variables are ignored and every member trains alone, as before: the agent's
+//! one-engine gang test gives its members addresses they cannot reach.
 
 use std::env::{self, VarError};
 use std::fmt::Display;
@@ -56,6 +78,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use nightshift_standins::rendezvous::{self, Abort, Gang, Hello, Round, Settings};
 
 /// How many complete checkpoints are kept.
 const KEEP_CHECKPOINTS: usize = 3;
@@ -80,6 +104,8 @@ struct Config {
     checkpoint_every: u64,
     checkpoint_delay: Duration,
     ignore_signals: bool,
+    /// Set in gang mode.
+    gang: Option<Settings>,
 }
 
 impl Config {
@@ -96,6 +122,7 @@ impl Config {
             checkpoint_every: var("TRAINER_CHECKPOINT_EVERY", 100)?,
             checkpoint_delay: Duration::from_millis(var("TRAINER_CHECKPOINT_DELAY_MS", 0)?),
             ignore_signals: var::<String>("TRAINER_IGNORE_SIGTERM", String::new())? == "1",
+            gang: gang_settings()?,
         };
         if !(cfg.steps_per_sec.is_finite() && cfg.steps_per_sec > 0.0) {
             return Err("TRAINER_STEPS_PER_SEC must be a positive number".to_owned());
@@ -105,6 +132,45 @@ impl Config {
         }
         Ok(cfg)
     }
+}
+
+/// The gang this member belongs to: `None` unless `TRAINER_RENDEZVOUS=1` and `NNODES` > 1.
+fn gang_settings() -> Result<Option<Settings>, String> {
+    match var::<String>("TRAINER_RENDEZVOUS", String::new())?.as_str() {
+        "" | "0" => return Ok(None),
+        "1" => {}
+        other => return Err(format!("TRAINER_RENDEZVOUS must be 0 or 1, not {other:?}")),
+    }
+    let nnodes: u32 = var("NNODES", var("WORLD_SIZE", 1)?)?;
+    if nnodes <= 1 {
+        return Ok(None);
+    }
+    let rank: u32 = var("NODE_RANK", var("RANK", u32::MAX)?)?;
+    if rank >= nnodes {
+        return Err(format!(
+            "NODE_RANK must be set and below NNODES ({nnodes}) in gang mode"
+        ));
+    }
+    let master_addr: String = var("MASTER_ADDR", String::new())?;
+    let master_port: u16 = var("MASTER_PORT", 0)?;
+    if master_addr.is_empty() || master_port == 0 {
+        return Err("gang mode needs MASTER_ADDR and a non-zero MASTER_PORT".to_owned());
+    }
+    let seconds = |name: &str, default: f64| -> Result<Duration, String> {
+        let s: f64 = var(name, default)?;
+        Duration::try_from_secs_f64(s)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("{name} must be a positive number of seconds"))
+    };
+    Ok(Some(Settings {
+        rank,
+        nnodes,
+        master_addr,
+        master_port,
+        rendezvous_timeout: seconds("TRAINER_RENDEZVOUS_TIMEOUT_SECS", 300.0)?,
+        peer_timeout: seconds("TRAINER_PEER_TIMEOUT_SECS", 60.0)?,
+    }))
 }
 
 /// Reads and parses one variable; unset or blank means `default`.
@@ -190,7 +256,6 @@ fn run(cfg: &Config) -> Result<u8, String> {
     create_dir(&cfg.output_dir)?;
     remove_stale_tmp(dir)?;
     let attempts_seen = bump_attempts(dir)?;
-    let resumed = latest_checkpoint(dir)?;
 
     println!(
         "toy-trainer: job={:?} attempt={:?} epoch={} target_step={} steps_per_sec={} checkpoint_every={} start={attempts_seen}",
@@ -201,47 +266,39 @@ fn run(cfg: &Config) -> Result<u8, String> {
         cfg.steps_per_sec,
         cfg.checkpoint_every
     );
-    match resumed {
-        Some(step) => println!(
-            "resumed from step {step} (the checkpoint of epoch {})",
-            cfg.resumed_from_epoch
-        ),
-        None => println!("starting fresh"),
-    }
-    let resumed_from = resumed.unwrap_or(0);
-    let mut step = resumed_from;
-    let mut last_checkpoint = resumed;
-
-    let started = Instant::now();
-    let interval = Duration::from_secs_f64(1.0 / cfg.steps_per_sec);
-    while step < cfg.target_step {
-        let signum = SIGNAL.load(Ordering::SeqCst);
-        if signum != 0 {
-            if last_checkpoint != Some(step) {
-                write_checkpoint(dir, step, cfg.checkpoint_delay)?;
+    let (resumed, gang) = match &cfg.gang {
+        None => {
+            let resumed = latest_checkpoint(dir)?;
+            match resumed {
+                Some(step) => println!(
+                    "resumed from step {step} (the checkpoint of epoch {})",
+                    cfg.resumed_from_epoch
+                ),
+                None => println!("starting fresh"),
             }
-            let code = 128 + signum as u8;
-            println!(
-                "received {} at step {step}: checkpointed, exiting with {code} (not finished)",
-                signal_name(signum)
-            );
-            return Ok(code);
+            (resumed, None)
         }
-        // Steps are due on a fixed schedule from the start, so checkpoints do not slow the rate.
-        let due = started + interval.mul_f64((step - resumed_from + 1) as f64);
-        let now = Instant::now();
-        if now < due {
-            thread::sleep((due - now).min(POLL));
-            continue;
-        }
-        step += 1;
-        if step % cfg.checkpoint_every == 0 && step < cfg.target_step {
-            write_checkpoint(dir, step, cfg.checkpoint_delay)?;
-            last_checkpoint = Some(step);
-        }
+        Some(settings) => match meet(cfg, settings)? {
+            Met::Gang(start, gang) => (start, Some(gang)),
+            Met::Stopped(code) => return Ok(code),
+        },
+    };
+    let resumed_from = resumed.unwrap_or(0);
+    let mut training = Training {
+        step: resumed_from,
+        last_checkpoint: resumed,
+        rounds: 0,
+    };
+    let finished = match gang {
+        None => train_alone(cfg, &mut training)?,
+        Some(mut gang) => train_in_gang(cfg, &mut gang, &mut training)?,
+    };
+    if let Some(code) = finished {
+        return Ok(code);
     }
+    let step = training.step;
 
-    if last_checkpoint != Some(step) {
+    if training.last_checkpoint != Some(step) {
         write_checkpoint(dir, step, cfg.checkpoint_delay)?;
     }
     write_output(&cfg.output_dir, "final_step", step)?;
@@ -253,11 +310,169 @@ fn run(cfg: &Config) -> Result<u8, String> {
         "resumed_from_epoch",
         cfg.resumed_from_epoch,
     )?;
+    if let Some(settings) = &cfg.gang {
+        write_output(&cfg.output_dir, "rank", settings.rank.into())?;
+        write_output(&cfg.output_dir, "nnodes", settings.nnodes.into())?;
+        write_output(&cfg.output_dir, "rounds", training.rounds)?;
+    }
     println!(
         "finished at step {step} (resumed from step {resumed_from}, start {attempts_seen}); outputs in {}",
         cfg.output_dir.display()
     );
     Ok(0)
+}
+
+/// Where training stands.
+struct Training {
+    step: u64,
+    last_checkpoint: Option<u64>,
+    /// Steps taken in lock step with the gang by this start.
+    rounds: u64,
+}
+
+/// Trains alone until the target (`None`) or a stop signal (`Some(exit code)`).
+fn train_alone(cfg: &Config, t: &mut Training) -> Result<Option<u8>, String> {
+    let dir = &cfg.checkpoint_dir;
+    let resumed_from = t.step;
+    let started = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / cfg.steps_per_sec);
+    while t.step < cfg.target_step {
+        let signum = SIGNAL.load(Ordering::SeqCst);
+        if signum != 0 {
+            if t.last_checkpoint != Some(t.step) {
+                write_checkpoint(dir, t.step, cfg.checkpoint_delay)?;
+            }
+            let code = 128 + signum as u8;
+            println!(
+                "received {} at step {}: checkpointed, exiting with {code} (not finished)",
+                signal_name(signum),
+                t.step
+            );
+            return Ok(Some(code));
+        }
+        // Steps are due on a fixed schedule from the start, so checkpoints do not slow the rate.
+        let due = started + interval.mul_f64((t.step - resumed_from + 1) as f64);
+        let now = Instant::now();
+        if now < due {
+            thread::sleep((due - now).min(POLL));
+            continue;
+        }
+        t.step += 1;
+        if t.step.is_multiple_of(cfg.checkpoint_every) && t.step < cfg.target_step {
+            write_checkpoint(dir, t.step, cfg.checkpoint_delay)?;
+            t.last_checkpoint = Some(t.step);
+        }
+    }
+    Ok(None)
+}
+
+/// How a gang's rendezvous ended.
+enum Met {
+    /// The gang met and resumes from this checkpoint (`None`: fresh).
+    Gang(Option<u64>, Gang),
+    /// A stop signal came first: exit with this code.
+    Stopped(u8),
+}
+
+/// Meets the gang and agrees on the step to resume from.
+fn meet(cfg: &Config, settings: &Settings) -> Result<Met, String> {
+    let dir = &cfg.checkpoint_dir;
+    let steps = complete_checkpoint_steps(dir)?;
+    let hello = Hello {
+        rank: settings.rank,
+        nnodes: settings.nnodes,
+        job: cfg.job_id.clone(),
+        attempt: cfg.attempt.clone(),
+        target: cfg.target_step,
+        every: cfg.checkpoint_every,
+        steps: steps.clone(),
+    };
+    let (gang, agreed) = match rendezvous::rendezvous(settings, &hello, &SIGNAL) {
+        Ok(met) => met,
+        Err(Abort::Signal(signum)) => {
+            let code = 128 + signum as u8;
+            println!(
+                "received {} during the rendezvous: exiting with {code} (not finished)",
+                signal_name(signum)
+            );
+            return Ok(Met::Stopped(code));
+        }
+        Err(Abort::Failed(e)) => return Err(e),
+    };
+    let newest: Vec<String> = agreed
+        .newest
+        .iter()
+        .map(|n| n.map_or("none".to_owned(), |s| s.to_string()))
+        .collect();
+    println!(
+        "rendezvous: the gang of {} met; newest checkpoints by rank: {}",
+        settings.nnodes,
+        newest.join(", ")
+    );
+    // Steps past the common one belong to steps the gang takes again: drop them, so that the
+    // next start does not mistake them for this run's.
+    for step in steps.into_iter().filter(|s| Some(*s) > agreed.start) {
+        let path = dir.join(checkpoint_name(step));
+        fs::remove_file(&path).map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+        println!("removed checkpoint step {step}: not every rank reached it",);
+    }
+    match agreed.start {
+        Some(step) => println!(
+            "resumed from step {step}, the gang's common checkpoint (the checkpoint of epoch {})",
+            cfg.resumed_from_epoch
+        ),
+        None => println!("starting fresh: the gang shares no checkpoint"),
+    }
+    Ok(Met::Gang(agreed.start, gang))
+}
+
+/// Trains in lock step with the gang until the target (`None`) or a stop signal that any rank
+/// got (`Some(exit code)`).
+fn train_in_gang(cfg: &Config, gang: &mut Gang, t: &mut Training) -> Result<Option<u8>, String> {
+    let dir = &cfg.checkpoint_dir;
+    let resumed_from = t.step;
+    let started = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / cfg.steps_per_sec);
+    while t.step < cfg.target_step {
+        // This rank's share of the step; a stop signal cuts it short, so the gang hears at once.
+        let due = started + interval.mul_f64((t.step - resumed_from + 1) as f64);
+        loop {
+            let now = Instant::now();
+            if now >= due || SIGNAL.load(Ordering::SeqCst) != 0 {
+                break;
+            }
+            thread::sleep((due - now).min(POLL));
+        }
+        match gang.barrier(t.step)? {
+            Round::Go => {
+                t.step += 1;
+                t.rounds += 1;
+                if t.step.is_multiple_of(cfg.checkpoint_every) && t.step < cfg.target_step {
+                    write_checkpoint(dir, t.step, cfg.checkpoint_delay)?;
+                    t.last_checkpoint = Some(t.step);
+                }
+            }
+            Round::Stop { signal, by } => {
+                if t.last_checkpoint != Some(t.step) {
+                    write_checkpoint(dir, t.step, cfg.checkpoint_delay)?;
+                }
+                let code = 128 + signal as u8;
+                let who = if by == gang.rank() {
+                    "this rank".to_owned()
+                } else {
+                    format!("rank {by}")
+                };
+                println!(
+                    "{who} received {} at step {}: the gang checkpointed step {} together, exiting with {code} (not finished)",
+                    signal_name(signal),
+                    t.step,
+                    t.step
+                );
+                return Ok(Some(code));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn create_dir(dir: &Path) -> Result<(), String> {
@@ -290,6 +505,22 @@ fn checkpoint_steps(dir: &Path) -> Result<Vec<u64>, String> {
     }
     steps.sort_unstable();
     Ok(steps)
+}
+
+/// Steps of the checkpoints whose content matches their name, ascending.
+fn complete_checkpoint_steps(dir: &Path) -> Result<Vec<u64>, String> {
+    let mut complete = Vec::new();
+    for step in checkpoint_steps(dir)? {
+        let path = dir.join(checkpoint_name(step));
+        match fs::read_to_string(&path).map(|s| s.trim().parse::<u64>()) {
+            Ok(Ok(content)) if content == step => complete.push(step),
+            _ => eprintln!(
+                "toy-trainer: ignoring unreadable checkpoint {}",
+                path.display()
+            ),
+        }
+    }
+    Ok(complete)
 }
 
 /// The newest checkpoint whose content matches its name; unreadable ones are skipped.
