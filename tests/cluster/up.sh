@@ -36,9 +36,14 @@ if [ -e "$NSC_STATE" ] || [ -e "/run/netns/$NSC_SWITCH" ] || ip link show "$NSC_
 parts of one: run tests/cluster/down.sh first"
 fi
 
-# shellcheck disable=SC2154 # rc is set inside the trap
-trap 'rc=$?; nsc_log "up.sh failed (exit $rc) at line $LINENO: $BASH_COMMAND"; \
-nsc_log "logs: $NSC_STATE/*.log and $NSC_STATE/gpu*/*.log; remove the remains with tests/cluster/down.sh"; exit $rc' ERR
+# From here on a failure leaves parts of a rig: say where, and what removes them.
+trap 'nsc_log "up.sh failed at line $LINENO: $BASH_COMMAND"' ERR
+on_exit() {
+  local rc=$?
+  [ $rc -eq 0 ] || nsc_log "up.sh failed (exit $rc); logs: $NSC_STATE/*.log, $NSC_STATE/gpu*/*.log; \
+remove what it made with tests/cluster/down.sh"
+}
+trap on_exit EXIT
 
 T0=$(nsc_now)
 
@@ -183,6 +188,7 @@ setsid docker-registry serve "$reg/config.yml" >"$NSC_STATE/registry.log" 2>&1 <
 echo $! >"$reg/pid"
 for _ in $(seq 1 100); do
   [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://$NSC_REGISTRY/v2/")" = 401 ] && break
+  kill -0 "$(cat "$reg/pid")" 2>/dev/null || break
   sleep 0.1
 done
 [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://$NSC_REGISTRY/v2/")" = 401 ] || {
@@ -259,6 +265,7 @@ echo $! >"$co/pid"
 url=https://$NSC_GW:$NSC_COORDINATOR_PORT
 for _ in $(seq 1 100); do
   [ "$(curl -s --max-time 1 --cacert "$tls/ca.pem" "$url/healthz" 2>/dev/null)" = ok ] && break
+  kill -0 "$(cat "$co/pid")" 2>/dev/null || break
   sleep 0.1
 done
 [ "$(curl -s --max-time 1 --cacert "$tls/ca.pem" "$url/healthz" 2>/dev/null)" = ok ] || {
@@ -291,7 +298,6 @@ readiness_grace_s = 0.5
 drain_timeout_s = 30.0
 free_timeout_s = 10.0
 health_timeout_s = 120.0
-checkpoint_min_free_bytes = 0
 
 [gpus]
 fake = 4
