@@ -739,9 +739,9 @@ fn join(items: impl Iterator<Item = String>, empty: &str) -> String {
     }
 }
 
-/// A duration in seconds for messages: `1.5 s`.
+/// A duration in seconds, to the millisecond, for messages: `1.5 s`.
 fn secs(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
+    format!("{} s", d.as_millis() as f64 / 1000.0)
 }
 
 #[cfg(test)]

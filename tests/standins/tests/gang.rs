@@ -428,6 +428,25 @@ fn a_vanished_peer_fails_every_rank() {
 }
 
 #[test]
+fn a_silent_peer_fails_the_gang_after_the_peer_timeout() {
+    let dir = TempDir::new("silent");
+    let (r0, r1) = (Rank::new(&dir, 0), Rank::new(&dir, 1));
+    let env = [
+        ("TRAINER_TARGET_STEP", "1000000"),
+        ("TRAINER_PEER_TIMEOUT_SECS", "1"),
+    ];
+    // A stopped process keeps its connection open but says nothing, like a hung host.
+    let (mut p0, p1) = start_gang(&r0, &r1, &env);
+    p1.signal(libc::SIGSTOP);
+    assert_eq!(p0.exit_code(), 1);
+    let err = r0.stderr();
+    assert!(
+        err.contains("lost rank 1 (from 127.0.0.1:") && err.contains("nothing arrived for 1"),
+        "{err}"
+    );
+}
+
+#[test]
 fn rank_zero_refuses_a_member_of_another_attempt() {
     let dir = TempDir::new("stranger");
     let (r0, r1) = (Rank::new(&dir, 0), Rank::new(&dir, 1));
