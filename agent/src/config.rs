@@ -60,7 +60,25 @@ pub struct AgentConfig {
     /// Mutual TLS with the coordinator (an `https://` coordinator needs it).
     pub tls: crate::tls::AgentTlsConfig,
     pub failsafe: FailsafeConfig,
+    /// Where jobs' checkpoint directories live.
+    pub checkpoints: CheckpointsConfig,
 }
+
+/// Where jobs' checkpoint directories live: on this host, or on storage every host mounts.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointsConfig {
+    pub storage: CheckpointStorage,
+    /// With `storage = "shared"`: a directory mounted at this same path on every host (NFS,
+    /// Lustre, ...); checkpoints live under `shared_dir/jobs/ID/checkpoints/EPOCH`.
+    pub shared_dir: Option<PathBuf>,
+}
+
+/// `local`: under `work_dir` on the host that ran the job (a later attempt on another host
+/// starts from nothing, so the coordinator prefers the host that holds it); `shared`: under
+/// `checkpoints.shared_dir`, which every host mounts at the same path (any host resumes from
+/// the newest). The heartbeat tells the coordinator which.
+pub use nightshift_common::CheckpointStorage;
 
 /// What the agent does on its own when the coordinator is silent.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -180,6 +198,7 @@ impl Default for AgentConfig {
             replica: ReplicaConfig::default(),
             tls: crate::tls::AgentTlsConfig::default(),
             failsafe: FailsafeConfig::default(),
+            checkpoints: CheckpointsConfig::default(),
         }
     }
 }
@@ -288,6 +307,30 @@ impl AgentConfig {
         {
             return invalid("failsafe.silence_s", "must be a duration in seconds > 0");
         }
+        match (self.checkpoints.storage, &self.checkpoints.shared_dir) {
+            (CheckpointStorage::Shared, None) => {
+                return invalid(
+                    "checkpoints.storage",
+                    "\"shared\" needs checkpoints.shared_dir, the directory every host mounts",
+                );
+            }
+            (CheckpointStorage::Shared, Some(dir)) if !dir.is_absolute() => {
+                return Err(ConfigError::Invalid {
+                    key: "checkpoints.shared_dir",
+                    rule: format!(
+                        "{} is not an absolute path (every host must mount it at the same one)",
+                        dir.display()
+                    ),
+                });
+            }
+            (CheckpointStorage::Local, Some(_)) => {
+                return invalid(
+                    "checkpoints.shared_dir",
+                    "is read only with checkpoints.storage = \"shared\"",
+                );
+            }
+            _ => {}
+        }
         if !matches!(self.replica.sleep_level, 1 | 2) {
             return invalid("replica.sleep_level", "must be 1 or 2");
         }
@@ -319,6 +362,15 @@ impl AgentConfig {
             };
             SocketAddr::from((ip, 7402))
         })
+    }
+
+    /// The directory under which jobs' checkpoint directories live (`ROOT/jobs/ID/...`):
+    /// `checkpoints.shared_dir` with shared storage, else `work_dir`.
+    pub fn checkpoint_root(&self) -> &Path {
+        match (self.checkpoints.storage, &self.checkpoints.shared_dir) {
+            (CheckpointStorage::Shared, Some(dir)) => dir,
+            _ => &self.work_dir,
+        }
     }
 
     /// The node name, defaulting to the host name.
@@ -354,7 +406,7 @@ impl AgentConfig {
             free_memory_bytes: self.free_memory_bytes,
             health_timeout: Duration::from_secs_f64(self.health_timeout_s),
             checkpoint_min_free_bytes: self.checkpoint_min_free_bytes,
-            work_dir: self.work_dir.clone(),
+            work_dir: self.checkpoint_root().to_owned(),
             replica_stop_grace: Duration::from_secs_f64(self.replica.shutdown_timeout_s),
             reclaim: match self.replica.reclaim {
                 ReclaimMode::Stop => nightshift_planner::ReclaimMode::Stop,
@@ -504,6 +556,53 @@ mod tests {
         std::fs::write(&path, "api_listen = \"0.0.0.0:9\"\n").unwrap();
         let cfg = AgentConfig::load(Some(&path)).unwrap();
         assert_eq!(cfg.api_addr().to_string(), "0.0.0.0:9");
+    }
+
+    #[test]
+    fn checkpoints_are_local_unless_a_shared_dir_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "work_dir = \"/w\"\n").unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.checkpoints.storage, CheckpointStorage::Local);
+        assert_eq!(cfg.checkpoint_root(), Path::new("/w"));
+        std::fs::write(
+            &path,
+            "work_dir = \"/w\"\n[checkpoints]\nstorage = \"shared\"\nshared_dir = \"/mnt/ckpt\"\n",
+        )
+        .unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.checkpoints.storage, CheckpointStorage::Shared);
+        assert_eq!(cfg.checkpoint_root(), Path::new("/mnt/ckpt"));
+
+        let file = path.display();
+        let err = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            AgentConfig::load(Some(&path)).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err("[checkpoints]\nstorage = \"shared\"\n"),
+            format!(
+                "{file}: line 2: checkpoints.storage: \"shared\" needs checkpoints.shared_dir, \
+                 the directory every host mounts"
+            )
+        );
+        assert_eq!(
+            err("[checkpoints]\nstorage = \"shared\"\nshared_dir = \"ckpt\"\n"),
+            format!(
+                "{file}: line 3: checkpoints.shared_dir: ckpt is not an absolute path (every \
+                 host must mount it at the same one)"
+            )
+        );
+        assert_eq!(
+            err("[checkpoints]\nshared_dir = \"/mnt/ckpt\"\n"),
+            format!(
+                "{file}: line 2: checkpoints.shared_dir: is read only with \
+                 checkpoints.storage = \"shared\""
+            )
+        );
+        let e = err("[checkpoints]\nstorage = \"s3\"\n");
+        assert!(e.contains("line 2") && e.contains("s3"), "{e}");
     }
 
     #[test]

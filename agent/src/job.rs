@@ -35,6 +35,11 @@ pub use nightshift_planner::GRACE_LABEL;
 /// earlier attempt's ([`JobDirs::seed`]). An attempt that runs on after its lease was taken
 /// from it (a node that lost the coordinator) so writes only its own, older directory: it
 /// can never overwrite the checkpoint of the attempt that replaced it.
+///
+/// The checkpoint directories live under a root of their own ([`JobDirs::attempt`]): the
+/// agent's `work_dir` (local storage), or a directory every host mounts at the same path
+/// (shared storage), where an attempt on any host finds the newest earlier attempt's, since
+/// epochs are the coordinator's and rise across hosts. Outputs always stay under `work_dir`.
 pub struct JobDirs {
     /// The checkpoint directory mounted at [`CHECKPOINT_MOUNT`].
     pub checkpoint: PathBuf,
@@ -64,9 +69,14 @@ impl JobDirs {
         }
     }
 
-    /// The directories of the attempt that runs under the lease of fencing epoch `epoch`.
-    pub fn attempt(work_dir: &Path, job_id: u64, epoch: u64) -> Self {
+    /// The directories of the attempt that runs under the lease of fencing epoch `epoch`:
+    /// its outputs under `work_dir`, its checkpoints under `checkpoint_root` (`work_dir`
+    /// itself with local storage, the shared directory with shared storage).
+    pub fn attempt(work_dir: &Path, checkpoint_root: &Path, job_id: u64, epoch: u64) -> Self {
         let mut dirs = Self::new(work_dir, job_id);
+        let root = checkpoint_root.join("jobs").join(job_id.to_string());
+        dirs.attempts = root.join("checkpoints");
+        dirs.legacy = root.join("checkpoint");
         dirs.checkpoint = dirs.attempts.join(epoch.to_string());
         dirs.epoch = Some(epoch);
         dirs
@@ -182,7 +192,8 @@ impl JobDirs {
             .max()
     }
 
-    /// Whether an earlier attempt left anything to resume from.
+    /// Whether there is anything to resume from: the checkpoint directory, once seeded,
+    /// holds what an earlier attempt saved (on this host, or on any with shared storage).
     pub fn has_checkpoint(&self) -> bool {
         std::fs::read_dir(&self.checkpoint).is_ok_and(|mut d| d.next().is_some())
     }
@@ -242,7 +253,10 @@ pub fn container_spec(
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let resuming = lease.attempt > 1 || dirs.has_checkpoint();
+    // Resuming only when there is a checkpoint to resume from: a later attempt placed on a
+    // host that does not hold the job's checkpoint (local storage) starts from nothing, and
+    // says so.
+    let resuming = dirs.has_checkpoint();
     let mut env_vars: Vec<(String, String)> = job
         .env
         .iter()
@@ -439,7 +453,9 @@ mod tests {
         let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();
         assert_eq!(env["LR"], "0.1");
         assert_eq!(env["NIGHTSHIFT_ATTEMPT"], "2");
-        assert_eq!(env["NIGHTSHIFT_RESUMING"], "1");
+        // A second attempt with nothing to resume from (it ran on another host) is told so.
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "0");
+        assert!(!env.contains_key("NIGHTSHIFT_RESUMED_FROM_EPOCH"));
         assert_eq!(env["NIGHTSHIFT_CHECKPOINT_DIR"], "/nightshift/checkpoint");
         assert_eq!(env["NIGHTSHIFT_GPUS"], "1,2");
         assert_eq!(spec.labels["io.nightshift.epoch"], "4");
@@ -506,7 +522,7 @@ mod tests {
     fn each_attempt_writes_its_own_checkpoint_seeded_from_the_newest_earlier_one() {
         let dir = tempfile::tempdir().unwrap();
         let ckpt = |d: &JobDirs, name: &str| std::fs::read_to_string(d.checkpoint.join(name));
-        let mut first = JobDirs::attempt(dir.path(), 3, 5);
+        let mut first = JobDirs::attempt(dir.path(), dir.path(), 3, 5);
         first.seed().unwrap();
         first.create().unwrap();
         assert_eq!(first.resumed_from, None);
@@ -524,7 +540,7 @@ mod tests {
 
         let mut l = lease();
         l.epoch = 9;
-        let mut second = JobDirs::attempt(dir.path(), 3, 9);
+        let mut second = JobDirs::attempt(dir.path(), dir.path(), 3, 9);
         second.seed().unwrap();
         second.create().unwrap();
         assert_ne!(first.checkpoint, second.checkpoint);
@@ -561,7 +577,7 @@ mod tests {
         assert_eq!(ckpt(&second, "step-100").unwrap(), "100");
         assert!(ckpt(&second, "step-999").is_err());
         std::fs::write(second.checkpoint.join("step-200"), "200").unwrap();
-        let mut third = JobDirs::attempt(dir.path(), 3, 12);
+        let mut third = JobDirs::attempt(dir.path(), dir.path(), 3, 12);
         third.seed().unwrap();
         assert_eq!(third.resumed_from, Some(9));
         assert_eq!(ckpt(&third, "step-200").unwrap(), "200");
@@ -581,7 +597,7 @@ mod tests {
         std::fs::write(old.checkpoint.join("step-7"), "7").unwrap();
         // A half copy left by an agent that died while seeding is replaced.
         std::fs::create_dir_all(dir.path().join("jobs/3/checkpoints/4.partial/junk")).unwrap();
-        let mut next = JobDirs::attempt(dir.path(), 3, 4);
+        let mut next = JobDirs::attempt(dir.path(), dir.path(), 3, 4);
         next.seed().unwrap();
         assert_eq!(next.resumed_from, Some(0));
         assert_eq!(
@@ -592,6 +608,80 @@ mod tests {
             vec!["step-7"]
         );
         assert!(!dir.path().join("jobs/3/checkpoints/4.partial").exists());
+    }
+
+    /// The environment of the attempt of epoch `epoch` of job 3 on a host whose `work_dir` is
+    /// `work_dir`, with checkpoints under `root`, once its directories are seeded.
+    fn started(work_dir: &Path, root: &Path, epoch: u64) -> (JobDirs, BTreeMap<String, String>) {
+        let mut dirs = JobDirs::attempt(work_dir, root, 3, epoch);
+        dirs.seed().unwrap();
+        dirs.create().unwrap();
+        let mut l = lease();
+        l.epoch = epoch;
+        l.attempt = 1 + u32::from(epoch > 1);
+        let spec = container_spec("n1", &l, &dirs, GpuAccess::None, "0.0.0.0");
+        (dirs, spec.env.into_iter().collect())
+    }
+
+    #[test]
+    fn resuming_is_said_only_when_a_checkpoint_is_there() {
+        let (host_a, host_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (host_a.path(), host_b.path());
+        let (first, env) = started(a, a, 1);
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "0");
+        std::fs::write(first.checkpoint.join("step-40"), "40").unwrap();
+        // Local storage: the next attempt on another host finds nothing, and starts afresh.
+        let (_, env) = started(b, b, 2);
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "0");
+        assert!(!env.contains_key("NIGHTSHIFT_RESUMED_FROM_EPOCH"));
+        // On the host that holds it, it resumes.
+        let (again, env) = started(a, a, 3);
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "1");
+        assert_eq!(env["NIGHTSHIFT_RESUMED_FROM_EPOCH"], "1");
+        assert!(again.checkpoint.join("step-40").exists());
+        // An earlier attempt that left an empty directory is nothing to resume from either.
+        let (_, env) = started(b, b, 4);
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "0");
+    }
+
+    #[test]
+    fn with_shared_storage_any_host_resumes_from_the_newest_attempt() {
+        let (host_a, host_b, shared) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let (a, b, root) = (host_a.path(), host_b.path(), shared.path());
+        let (on_a, env) = started(a, root, 5);
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "0");
+        assert!(on_a.checkpoint.starts_with(root.join("jobs/3/checkpoints")));
+        assert!(on_a.outputs.starts_with(a), "outputs stay on the host");
+        std::fs::write(on_a.checkpoint.join("step-100"), "100").unwrap();
+
+        let (on_b, env) = started(b, root, 9);
+        assert_eq!(env["NIGHTSHIFT_RESUMING"], "1");
+        assert_eq!(env["NIGHTSHIFT_RESUMED_FROM_EPOCH"], "5");
+        assert_eq!(
+            std::fs::read_to_string(on_b.checkpoint.join("step-100")).unwrap(),
+            "100"
+        );
+        assert!(on_b.outputs.starts_with(b));
+        assert!(
+            !a.join("jobs/3/checkpoints").exists(),
+            "nothing under work_dir"
+        );
+
+        // The attempt on A runs on, cut off from the coordinator: it writes its own, older
+        // directory only, and the next attempt (back on A) resumes from B's.
+        std::fs::write(on_a.checkpoint.join("step-100"), "stale").unwrap();
+        std::fs::write(on_b.checkpoint.join("step-200"), "200").unwrap();
+        let (back_on_a, env) = started(a, root, 12);
+        assert_eq!(env["NIGHTSHIFT_RESUMED_FROM_EPOCH"], "9");
+        assert_eq!(
+            std::fs::read_to_string(back_on_a.checkpoint.join("step-100")).unwrap(),
+            "100"
+        );
+        assert!(back_on_a.checkpoint.join("step-200").exists());
     }
 
     #[test]

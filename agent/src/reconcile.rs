@@ -174,7 +174,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             if !nightshift_planner::unstarted(&leases, &obs.containers, &self.mem).is_empty() {
                 obs.checkpoint_free_bytes = self
                     .host
-                    .facts(&self.cfg.work_dir)
+                    .facts(self.cfg.checkpoint_root())
                     .checkpoint_volume_free_bytes;
             }
             self.capture(&obs.containers, &leases).await;
@@ -452,11 +452,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         let started = Instant::now();
         for lease in leases {
             // This attempt's own checkpoint directory, seeded from the newest earlier one's.
-            let mut dirs = JobDirs::attempt(&self.cfg.work_dir, lease.job_id, lease.epoch);
+            let mut dirs = JobDirs::attempt(
+                &self.cfg.work_dir,
+                self.cfg.checkpoint_root(),
+                lease.job_id,
+                lease.epoch,
+            );
             dirs.seed()
                 .and_then(|()| dirs.create())
                 .map_err(|source| ReconcileError::JobDirs {
-                    path: self.cfg.work_dir.display().to_string(),
+                    path: self.cfg.checkpoint_root().display().to_string(),
                     source,
                 })?;
             let spec = job::container_spec(
@@ -524,8 +529,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let outputs = container
                 .map(|c| self.outputs_of(c, lease.job_id))
                 .unwrap_or_default();
-            let last_checkpoint_at =
-                JobDirs::attempt(&self.cfg.work_dir, lease.job_id, lease.epoch).last_checkpoint();
+            let last_checkpoint_at = JobDirs::attempt(
+                &self.cfg.work_dir,
+                self.cfg.checkpoint_root(),
+                lease.job_id,
+                lease.epoch,
+            )
+            .last_checkpoint();
             runs.push(JobRun {
                 job_id: lease.job_id,
                 attempt: lease.attempt,

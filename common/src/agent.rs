@@ -87,6 +87,28 @@ pub struct HostFacts {
     /// The volume holding the agent's `work_dir` (job checkpoints and outputs).
     pub checkpoint_volume_total_bytes: Option<u64>,
     pub checkpoint_volume_free_bytes: Option<u64>,
+    /// Where this agent keeps jobs' checkpoints: with `local` (and from agents that predate
+    /// the field) the node holds the checkpoint of each job it ran, and only it can resume
+    /// it; with `shared` every host mounts them and any may.
+    #[serde(default, skip_serializing_if = "CheckpointStorage::is_local")]
+    pub checkpoint_storage: CheckpointStorage,
+}
+
+/// Where an agent keeps jobs' checkpoint directories (its `[checkpoints] storage`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointStorage {
+    /// Under the agent's `work_dir`, on the host that ran the job.
+    #[default]
+    Local,
+    /// On a directory every host mounts at the same path.
+    Shared,
+}
+
+impl CheckpointStorage {
+    pub fn is_local(&self) -> bool {
+        *self == Self::Local
+    }
 }
 
 /// One GPU's state at a heartbeat. Every reading after `healthy` is optional: a GPU or driver
