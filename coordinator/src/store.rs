@@ -125,6 +125,18 @@ struct StoredNode {
     mode: NodeMode,
     desired_version: u64,
     mode_since: UnixMillis,
+    /// The unfinished jobs whose newest checkpoint this node holds on its own storage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    checkpoints: Vec<StoredCheckpoint>,
+}
+
+/// A job's checkpoint held by a node: the job, and the fencing epoch of the attempt that
+/// wrote it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredCheckpoint {
+    job: u64,
+    epoch: u64,
 }
 
 pub struct Store {
@@ -337,6 +349,7 @@ impl Store {
                 mode: n.mode,
                 desired_version: n.desired_version,
                 mode_since: n.mode_since,
+                checkpoints: n.checkpoints.iter().map(|c| (c.job, c.epoch)).collect(),
             });
         }
         for (service, p) in self.records::<StoredProfile>(
@@ -534,6 +547,11 @@ impl Store {
                 mode: n.mode,
                 desired_version: n.desired_version,
                 mode_since: n.mode_since,
+                checkpoints: n
+                    .checkpoints
+                    .iter()
+                    .map(|&(job, epoch)| StoredCheckpoint { job, epoch })
+                    .collect(),
             };
             let record = serde_json::to_string(&stored).expect("wire types always serialize");
             tx.prepare_cached(
@@ -700,6 +718,51 @@ mod tests {
                 snapshot.next_epoch
             ),
             (3, 5, 7)
+        );
+    }
+
+    #[test]
+    fn the_checkpoints_a_node_holds_come_back_and_old_records_have_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let node = |name: &str, checkpoints| NodeSnapshot {
+            name: name.into(),
+            service: "llm".into(),
+            address: name.into(),
+            gpus: Vec::new(),
+            mode: NodeMode::Lend,
+            desired_version: 3,
+            mode_since: 9,
+            checkpoints,
+        };
+        store
+            .write(&Changes {
+                nodes: vec![node("a", vec![(7, 12), (9, 4)]), node("b", Vec::new())],
+                ..Default::default()
+            })
+            .unwrap();
+        // A record written before nodes held checkpoints.
+        store
+            .conn
+            .execute(
+                "INSERT INTO nodes (name, record) VALUES ('c', ?1)",
+                [r#"{"name":"c","service":"llm","gpus":[],"mode":"serve","desired_version":1,"mode_since":0}"#],
+            )
+            .unwrap();
+        let record: String = store
+            .conn
+            .query_row("SELECT record FROM nodes WHERE name = 'b'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert!(!record.contains("checkpoints"), "{record}");
+        drop(store);
+        let nodes = Store::open(dir.path()).unwrap().load().unwrap().nodes;
+        assert_eq!(nodes[0], node("a", vec![(7, 12), (9, 4)]));
+        assert_eq!(nodes[1], node("b", Vec::new()));
+        assert_eq!(
+            (nodes[2].name.as_str(), nodes[2].checkpoints.len()),
+            ("c", 0)
         );
     }
 

@@ -418,7 +418,8 @@ impl Core {
         // stable sort: by name among equals, the map's order).
         candidates.sort_by_key(|n| n.gpus.len());
         let healthy: Vec<usize> = candidates.iter().map(|n| n.healthy_gpus()).collect();
-        self.lending_plan(now, &healthy, spare)
+        let names: Vec<&str> = candidates.iter().map(|n| n.name.as_str()).collect();
+        self.lending_plan(now, &names, &healthy, spare)
             .into_iter()
             .map(|i| candidates[i].name.clone())
             .collect()

@@ -13,10 +13,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::{
-    DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, JobSpec, JobState, JobView, LeaseGrant,
-    LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous, SpecError, UnixMillis,
+    CheckpointStorage, DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, JobSpec, JobState,
+    JobView, LeaseGrant, LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous, SpecError,
+    UnixMillis,
 };
 
+use crate::checkpoint::Checkpoints;
 use crate::config::CoreConfig;
 use crate::index::JobIndex;
 use crate::job::{IllegalTransition, Job, JobEvent};
@@ -109,6 +111,8 @@ pub struct Core {
     /// The queue order and the per-owner counts, kept in step with `jobs`.
     pub(crate) index: JobIndex,
     pub(crate) leases: LeaseTable,
+    /// Per job, the node holding its newest checkpoint, where only that node can resume it.
+    pub(crate) checkpoints: Checkpoints,
     pub(crate) next_job_id: u64,
     pub(crate) services: BTreeMap<String, ServiceState>,
     effects: BTreeSet<Effect>,
@@ -150,6 +154,11 @@ impl Core {
             }
             jobs.insert(view.id, job_from_view(view));
         }
+        let checkpoints = Checkpoints::restore(snapshot.nodes.iter().flat_map(|n| {
+            n.checkpoints
+                .iter()
+                .map(|&(job, epoch)| (n.name.as_str(), job, epoch))
+        }));
         let mut nodes: BTreeMap<String, Node> = snapshot
             .nodes
             .into_iter()
@@ -188,6 +197,7 @@ impl Core {
             index: JobIndex::build(jobs.values()),
             jobs,
             leases,
+            checkpoints,
             next_job_id: snapshot.next_job_id.max(max_job + 1).max(1),
             services,
             effects: BTreeSet::new(),
@@ -317,6 +327,9 @@ impl Core {
         let last_phase = n.phases.back().map(|p| p.seq);
         n.last_heartbeat = Some(now);
         n.applied_version = beat.applied_version;
+        if let Some(host) = &beat.host {
+            n.checkpoints_shared = host.checkpoint_storage == CheckpointStorage::Shared;
+        }
         n.gpu_status = beat.gpus;
         let replica = n.replica.replace(beat.replica);
         n.record_phases(&beat.phases);
@@ -361,6 +374,7 @@ impl Core {
         struct Told {
             lease: u64,
             job: u64,
+            epoch: u64,
             checkpoint_at: Option<UnixMillis>,
             event: Option<JobEvent>,
         }
@@ -418,6 +432,7 @@ impl Core {
                 Told {
                     lease: lease.id,
                     job: lease.job,
+                    epoch: lease.epoch,
                     checkpoint_at: run.and_then(|r| r.last_checkpoint_at),
                     event,
                 }
@@ -431,6 +446,9 @@ impl Core {
             {
                 job.last_checkpoint_at = Some(at);
                 self.effect(Effect::JobChanged(told.job));
+            }
+            if told.checkpoint_at.is_some() {
+                self.checkpoint_reported(node, told.job, told.epoch);
             }
             if let Some(event) = told.event {
                 self.member_event(now, told.job, told.lease, event);
@@ -790,7 +808,36 @@ impl Core {
         if changed {
             self.effect(Effect::JobChanged(id));
         }
+        if changed
+            && !state.is_finished()
+            && self.jobs.get(&id).is_some_and(|j| j.state.is_finished())
+        {
+            // A finished job resumes nowhere: the node holding its checkpoint is no longer
+            // preferred for it.
+            for node in self.checkpoints.forget(id) {
+                self.effect(Effect::NodeChanged(node));
+            }
+        }
         Ok(())
+    }
+
+    /// `node` reported that the attempt of fencing epoch `epoch` of `job` has a checkpoint:
+    /// on its own storage, the node now holds the job's newest checkpoint (unless a newer
+    /// attempt's is known); on shared storage, any node can resume the job.
+    fn checkpoint_reported(&mut self, node: &str, job: u64, epoch: u64) {
+        let single = self
+            .jobs
+            .get(&job)
+            .is_some_and(|j| j.spec.nodes == 1 && !j.state.is_finished());
+        let shared = self.nodes.get(node).is_some_and(|n| n.checkpoints_shared);
+        let moved = match (single, shared) {
+            (true, false) => self.checkpoints.record(job, node, epoch),
+            (true, true) => self.checkpoints.forget(job),
+            (false, _) => Vec::new(),
+        };
+        for node in moved {
+            self.effect(Effect::NodeChanged(node));
+        }
     }
 
     /// Grants one lease per placement (in rank order) to `job`.
@@ -1032,6 +1079,7 @@ impl Core {
             mode: n.mode,
             desired_version: n.desired_version,
             mode_since: n.mode_since,
+            checkpoints: self.checkpoints.on_node(name),
         })
     }
 

@@ -9,6 +9,7 @@
 
 mod autoscale;
 mod calendar;
+mod checkpoint;
 mod config;
 mod core;
 mod forecast;
@@ -22,6 +23,7 @@ pub mod report;
 mod snapshot;
 
 pub use crate::calendar::{HarvestWindow, WindowError};
+pub use crate::checkpoint::Holder as CheckpointHolder;
 pub use crate::config::{CoreConfig, STRAGGLER_MARGIN_MS, ScaleDown, ScaleUp, ServicePolicy};
 pub use crate::core::{Core, CoreError, Effect, Usage};
 pub use crate::forecast::Profile;

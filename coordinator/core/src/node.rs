@@ -46,6 +46,9 @@ pub struct Node {
     /// and releases: the decisions read every node's every second, and a lookup in the table
     /// per node was most of their cost. The invariant checks compare it with the table.
     pub(crate) held: Held,
+    /// Its agent keeps checkpoints on storage every node mounts (its host facts say so):
+    /// what it reports holding, any node can resume.
+    pub checkpoints_shared: bool,
 }
 
 /// The leases on a node and the GPUs they hold together.
@@ -98,6 +101,7 @@ impl Node {
             phases_taken: 0,
             reclaim_ms: None,
             held: Held::default(),
+            checkpoints_shared: false,
         }
     }
 

@@ -9,6 +9,11 @@
 //! unhealthy, on the nodes with the fewest free GPUs that fit (best fit: whole nodes stay free
 //! for big jobs). When a job does not fit, the nodes it would use next (those with the most
 //! free GPUs) are reserved for it and later jobs backfill the rest.
+//!
+//! One exception to best fit: a job whose newest checkpoint only one node holds (local
+//! checkpoint storage, [`crate::checkpoint`]) goes back to that node when it is lent,
+//! unreserved and has the GPUs free, since anywhere else it would start from nothing. When
+//! it cannot take the job, the job is placed by best fit as any other, and starts afresh.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -70,6 +75,30 @@ impl Placement {
             .filter(|&i| !self.reserved[i])
             .take(count)
             .collect();
+        (fits.len() == count).then_some(fits)
+    }
+
+    /// Like [`Placement::find`], but with the node at position `prefer` (the one holding the
+    /// job's checkpoint) first when it is unreserved and has `gpus` free.
+    fn find_preferring(
+        &self,
+        gpus: usize,
+        count: usize,
+        prefer: Option<usize>,
+    ) -> Option<Vec<usize>> {
+        let Some(p) = prefer
+            .filter(|&p| p < self.free.len() && !self.reserved[p] && self.free[p].len() >= gpus)
+        else {
+            return self.find(gpus, count);
+        };
+        let mut fits = vec![p];
+        fits.extend(
+            self.by_free
+                .range((gpus, 0)..)
+                .map(|&(_, i)| i)
+                .filter(|&i| i != p && !self.reserved[i])
+                .take(count - 1),
+        );
         (fits.len() == count).then_some(fits)
     }
 
@@ -172,7 +201,8 @@ impl Core {
             else {
                 continue;
             };
-            match placement.find(gpus, nodes) {
+            let prefer = self.checkpoint_node(job, &names);
+            match placement.find_preferring(gpus, nodes, prefer) {
                 Some(fits) => {
                     let placements = placement
                         .take(&fits, gpus)
@@ -189,45 +219,54 @@ impl Core {
         false
     }
 
-    /// Which of the serving nodes that could be lent (of `healthy` GPUs each, in the order
-    /// to lend them) the queue would use, at most `spare`: placement of the runnable queue
-    /// dry-run on the lent nodes' free GPUs, lending the next candidate that fits for a job
-    /// that fits nowhere, up to the first job that cannot be placed even so (small jobs
-    /// behind a big one do not take nodes it will reserve). Empty when the lent nodes take
-    /// the whole queue.
+    /// Which of the serving nodes that could be lent (named `candidates`, of `healthy` GPUs
+    /// each, in the order to lend them) the queue would use, at most `spare`: placement of
+    /// the runnable queue dry-run on the lent nodes' free GPUs, lending the next candidate
+    /// that fits (the one holding its checkpoint first) for a job that fits nowhere, up to
+    /// the first job that cannot be placed even so (small jobs behind a big one do not take
+    /// nodes it will reserve). Empty when the lent nodes take the whole queue.
     pub(crate) fn lending_plan(
         &self,
         now: UnixMillis,
+        candidates: &[&str],
         healthy: &[usize],
         spare: usize,
     ) -> Vec<usize> {
         if spare == 0 || healthy.is_empty() {
             return Vec::new();
         }
-        let free: Vec<Vec<u32>> = self
+        let (names, free): (Vec<&str>, Vec<Vec<u32>>) = self
             .lent_free(now)
             .into_iter()
-            .map(|(_, free)| free)
-            .collect();
+            .map(|(n, free)| (n.name.as_str(), free))
+            .unzip();
         let lent = Placement::new(free);
         let queue = self.queue(now);
         // While a deep queue is being placed, what lent nodes have free usually takes all of
         // it: then no serving node is needed.
-        if self.dry_run(&queue, lent.clone(), &[], 0).all_placed {
+        if self
+            .dry_run(&queue, &names, lent.clone(), &[], &[], 0)
+            .all_placed
+        {
             return Vec::new();
         }
-        self.dry_run(&queue, lent, healthy, spare).chosen
+        self.dry_run(&queue, &names, lent, candidates, healthy, spare)
+            .chosen
     }
 
     /// Places `queue` in order on `placement`, as [`Core::place_queued`] would, opening
     /// candidates (of `healthy` GPUs each, no more than `spare` in all) for a job that fits
-    /// nowhere: each the first not yet opened with enough GPUs, as few as the job needs, and
-    /// none when even they would not make it fit. Stops once `spare` candidates are open, or
-    /// at the first job that does not fit even so.
+    /// nowhere: each the first not yet opened with enough GPUs (the candidate holding the
+    /// job's checkpoint before any other), as few as the job needs, and none when even they
+    /// would not make it fit. Stops once `spare` candidates are open, or at the first job
+    /// that does not fit even so. `names` are the lent nodes', `candidates` the serving
+    /// ones' (a job goes back to the node holding its checkpoint, as it would be placed).
     fn dry_run(
         &self,
         queue: &[u64],
+        names: &[&str],
         mut placement: Placement,
+        candidates: &[&str],
         healthy: &[usize],
         spare: usize,
     ) -> Plan {
@@ -245,25 +284,37 @@ impl Core {
                 continue;
             };
             let (gpus, nodes) = (job.spec.gpus as usize, job.spec.nodes as usize);
-            if let Some(fits) = placement.find(gpus, nodes) {
+            let prefer = self.checkpoint_node(*id, names);
+            if let Some(fits) = placement.find_preferring(gpus, nodes, prefer) {
                 placement.take(&fits, gpus);
                 continue;
             }
             plan.all_placed = false;
             let mut opened: Vec<usize> = Vec::new();
+            // The serving candidate holding the job's checkpoint, and its position once open.
+            let holder = self
+                .checkpoints
+                .of(*id)
+                .and_then(|h| candidates.iter().position(|c| *c == h.node));
+            let mut prefer = None;
             let fits = loop {
                 if plan.chosen.len() + opened.len() >= spare {
                     break None;
                 }
                 // A GPU reported unhealthy is never leased: only healthy ones count.
-                let Some(next) = (0..healthy.len())
-                    .find(|&c| !taken[c] && !opened.contains(&c) && healthy[c] >= gpus)
+                let usable = |c: usize| !taken[c] && !opened.contains(&c) && healthy[c] >= gpus;
+                let Some(next) = holder
+                    .filter(|&c| usable(c))
+                    .or_else(|| (0..healthy.len()).find(|&c| usable(c)))
                 else {
                     break None;
                 };
                 opened.push(next);
-                placement.open(healthy[next]);
-                if let Some(fits) = placement.find(gpus, nodes) {
+                let at = placement.open(healthy[next]);
+                if Some(next) == holder {
+                    prefer = Some(at);
+                }
+                if let Some(fits) = placement.find_preferring(gpus, nodes, prefer) {
                     break Some(fits);
                 }
             };
@@ -282,6 +333,15 @@ impl Core {
             }
         }
         plan
+    }
+
+    /// The position among `names` (in name order) of the node holding `job`'s newest
+    /// checkpoint, where only that node can resume it.
+    fn checkpoint_node<S: AsRef<str>>(&self, job: u64, names: &[S]) -> Option<usize> {
+        let holder = self.checkpoints.of(job)?;
+        names
+            .binary_search_by(|n| n.as_ref().cmp(holder.node.as_str()))
+            .ok()
     }
 
     /// Every reachable lent node with a GPU free, and those GPUs, in name order. The usual
@@ -408,6 +468,23 @@ mod tests {
         assert_eq!(place(&mut p, 1, 1), Some(vec![1]));
         assert_eq!(place(&mut p, 3, 1), Some(vec![0]));
         assert!(!p.any_free());
+    }
+
+    #[test]
+    fn the_node_holding_the_checkpoint_goes_first_when_it_can_take_the_job() {
+        // Best fit would take node 1 (1 free); node 0 holds the checkpoint and has room.
+        let p = Placement::new(vec![vec![0, 1, 2], vec![0]]);
+        assert_eq!(p.find(1, 1), Some(vec![1]));
+        assert_eq!(p.find_preferring(1, 1, Some(0)), Some(vec![0]));
+        // Too few GPUs free there, or kept for another job: best fit.
+        assert_eq!(p.find_preferring(2, 1, Some(1)), Some(vec![0]));
+        let mut kept = p.clone();
+        kept.reserved[0] = true;
+        assert_eq!(kept.find_preferring(1, 1, Some(0)), Some(vec![1]));
+        // A gang: the preferred node, then best fit for the others.
+        let p = Placement::new(vec![vec![0, 1], vec![0, 1, 2, 3], vec![0, 1]]);
+        assert_eq!(p.find_preferring(2, 2, Some(1)), Some(vec![1, 0]));
+        assert_eq!(p.find_preferring(2, 4, Some(1)), None);
     }
 
     #[test]

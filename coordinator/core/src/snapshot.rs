@@ -13,6 +13,10 @@ pub struct NodeSnapshot {
     pub mode: NodeMode,
     pub desired_version: u64,
     pub mode_since: UnixMillis,
+    /// `(job, epoch)`: the unfinished jobs whose newest checkpoint this node holds on its own
+    /// storage (written by the attempt of that fencing epoch), which their next attempts
+    /// prefer it for.
+    pub checkpoints: Vec<(u64, u64)>,
 }
 
 /// Everything the core needs to resume. Leases travel inside their jobs' views.

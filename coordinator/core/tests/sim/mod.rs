@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use nightshift_common::{
-    CheckpointPolicy, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, JobSpec, ReplicaState,
-    ReplicaStatus, RetryPolicy, ServingSignals,
+    CheckpointPolicy, CheckpointStorage, GpuInfo, GpuStatus, Heartbeat, HostFacts, JobRun,
+    JobRunState, JobSpec, ReplicaState, ReplicaStatus, RetryPolicy, ServingSignals,
 };
 use nightshift_core::{Core, CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
 
@@ -82,6 +82,8 @@ pub struct SimAgent {
     pub checkpoints: BTreeMap<u64, u64>,
     /// GPUs the agent reports unhealthy, and why.
     pub unhealthy: BTreeMap<u32, String>,
+    /// The agent keeps checkpoints on storage every node mounts (its host facts say so).
+    pub shared_checkpoints: bool,
 }
 
 impl SimAgent {
@@ -105,6 +107,7 @@ impl SimAgent {
             exit_codes: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             unhealthy: BTreeMap::new(),
+            shared_checkpoints: false,
         }
     }
 
@@ -235,7 +238,10 @@ impl SimAgent {
             applied_version: self.applied,
             phases: vec![],
             expired_leases: vec![],
-            host: None,
+            host: self.shared_checkpoints.then(|| HostFacts {
+                checkpoint_storage: CheckpointStorage::Shared,
+                ..HostFacts::default()
+            }),
             agent_url: None,
         }
     }
