@@ -62,6 +62,8 @@ pub struct AgentConfig {
     pub failsafe: FailsafeConfig,
     /// Where jobs' checkpoint directories live.
     pub checkpoints: CheckpointsConfig,
+    /// Credentials for pulling images, per registry.
+    pub registry: crate::engine::registry::RegistryConfig,
 }
 
 /// Where jobs' checkpoint directories live: on this host, or on storage every host mounts.
@@ -199,6 +201,7 @@ impl Default for AgentConfig {
             tls: crate::tls::AgentTlsConfig::default(),
             failsafe: FailsafeConfig::default(),
             checkpoints: CheckpointsConfig::default(),
+            registry: Default::default(),
         }
     }
 }
@@ -330,6 +333,13 @@ impl AgentConfig {
                 );
             }
             _ => {}
+        }
+        // Read now, so that a bad file stops the agent at start rather than its first pull.
+        if let Err(e) = self.registry.credentials() {
+            return Err(ConfigError::Invalid {
+                key: "registry.auth_file",
+                rule: e.to_string(),
+            });
         }
         if !matches!(self.replica.sleep_level, 1 | 2) {
             return invalid("replica.sleep_level", "must be 1 or 2");
@@ -613,5 +623,34 @@ mod tests {
             cfg.validate().unwrap_err().to_string(),
             "replica.env: \"NOEQUALS\" is not NAME=value"
         );
+    }
+
+    #[test]
+    fn a_bad_registry_auth_file_stops_the_load_at_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, auth) = (dir.path().join("agent.toml"), dir.path().join("auth.json"));
+        std::fs::write(
+            &path,
+            format!(
+                "node = \"n\"\n[registry]\nauth_file = {:?}\n",
+                auth.display().to_string()
+            ),
+        )
+        .unwrap();
+        std::fs::write(&auth, r#"{"auths": {"r:5000": {"auth": "dTpw"}}}"#).unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        let a = cfg.registry.auth_for("r:5000/x:1").unwrap().unwrap();
+        assert_eq!((a.username.as_str(), a.password.as_str()), ("u", "p"));
+        std::fs::write(&auth, r#"{"auths": {"r:5000": {"auth": "!!"}}}"#).unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: line 3: registry.auth_file: {}: registry r:5000: auth is not base64 of USER:PASSWORD",
+                path.display(),
+                auth.display()
+            )
+        );
+        assert!(!err.contains("dTpw"));
     }
 }

@@ -4,6 +4,7 @@
 //! [`Container`] values found by their labels, and starts them from a [`ContainerSpec`].
 
 pub mod docker;
+pub mod registry;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -67,8 +68,16 @@ pub use nightshift_planner::{Container, ContainerState};
 pub enum EngineError {
     #[error("container {0} not found")]
     NotFound(String),
-    #[error("image {0} not found on this host (nothing is pulled; build or load it first)")]
+    #[error("image {0} not found on this host")]
     ImageMissing(String),
+    /// The registry would not give the image: it has no such image or tag, it refused the
+    /// credentials, or it could not be reached. Retrying at once is not expected to help.
+    #[error("pulling {image} from registry {registry} failed: {reason}")]
+    PullFailed {
+        image: String,
+        registry: String,
+        reason: String,
+    },
     #[error("{path} in container {container} is larger than {limit} bytes")]
     FileTooLarge {
         container: String,
@@ -83,6 +92,32 @@ pub enum EngineError {
     Refused { container: String, reason: String },
     #[error("container engine: {0}")]
     Other(String),
+}
+
+/// An image on the host, as the engine knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageInfo {
+    /// The engine's image id (`sha256:...`).
+    pub id: String,
+    /// `repo@sha256:...`, one per registry repository the image was pulled from or pushed
+    /// to; empty for an image built or loaded on this host.
+    pub repo_digests: Vec<String>,
+}
+
+impl ImageInfo {
+    /// `image` pinned to its registry digest (`repo@sha256:...`), when the image came from
+    /// that repository; `image` itself when it already names a digest; `None` for an image
+    /// known by no registry.
+    pub fn pinned(&self, image: &str) -> Option<String> {
+        if image.contains('@') {
+            return Some(image.to_owned());
+        }
+        let repo = registry::repository(image);
+        self.repo_digests
+            .iter()
+            .find(|d| d.split_once('@').is_some_and(|(r, _)| r == repo))
+            .cloned()
+    }
 }
 
 /// A container's output as it comes, in chunks (stdout and stderr interleaved).
@@ -108,6 +143,21 @@ pub trait Engine: Send + Sync + 'static {
     /// engine unreachable, say) is the engine's, not the container's.
     fn run(&self, spec: &ContainerSpec)
     -> impl Future<Output = Result<String, EngineError>> + Send;
+
+    /// The image `image` (a `repo:tag` or `repo@sha256:...` reference) when it is on the
+    /// host.
+    fn image(
+        &self,
+        image: &str,
+    ) -> impl Future<Output = Result<Option<ImageInfo>, EngineError>> + Send;
+
+    /// Pulls `image` from its registry, with `auth` when given, logging its progress; fails
+    /// with `PullFailed` (naming the registry and why) when the registry will not give it.
+    fn pull(
+        &self,
+        image: &str,
+        auth: Option<&registry::RegistryAuth>,
+    ) -> impl Future<Output = Result<ImageInfo, EngineError>> + Send;
 
     /// Sends `signal` (e.g. `SIGTERM`) to the container's main process.
     fn signal(

@@ -10,7 +10,7 @@
 //! are already there are adopted. Time is tokio's clock, read here and handed to the
 //! planner as a [`Moment`] since the reconciler's origin, so that tests can pause it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +76,9 @@ pub struct Reconciler<E, G, S> {
     origin: Instant,
     /// Output parameters read from a finished container, by container id.
     outputs: HashMap<String, BTreeMap<String, String>>,
+    /// A job image's reference pinned to its registry digest (`repo@sha256:...`), learnt
+    /// from the engine when the image is found or pulled: what the job's container runs.
+    pinned: HashMap<String, String>,
     host: Arc<dyn Host>,
 }
 
@@ -108,6 +111,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             mem,
             origin: Instant::now(),
             outputs: HashMap::new(),
+            pinned: HashMap::new(),
             host: Arc::new(SysinfoHost::new()),
         }
     }
@@ -171,7 +175,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             }
             // The host's facts only while a job waits to start: reading them also restarts
             // the CPU-use window that heartbeats report.
-            if !nightshift_planner::unstarted(&leases, &obs.containers, &self.mem).is_empty() {
+            let waiting: Vec<String> =
+                nightshift_planner::unstarted(&leases, &obs.containers, &self.mem)
+                    .iter()
+                    .map(|l| l.job.image.clone())
+                    .collect();
+            obs.missing_images = self.missing_images(&waiting).await?;
+            if !waiting.is_empty() {
                 obs.checkpoint_free_bytes = self
                     .host
                     .facts(self.cfg.checkpoint_root())
@@ -256,6 +266,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             gpu_memory,
             replica,
             checkpoint_free_bytes: None,
+            missing_images: Default::default(),
         })
     }
 
@@ -361,6 +372,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 }
                 Step::StartReplica => self.start_replica().await?,
                 Step::StartJobs(leases) => self.start_jobs(&leases).await?,
+                Step::Pull { image, leases } => self.pull_for(&image, &leases).await?,
                 Step::FailStart { lease, message } => {
                     tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
                     self.mem
@@ -427,6 +439,11 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
 
     async fn start_replica(&mut self) -> Result<(), ReconcileError> {
         let t = Instant::now();
+        if let Err(e) = self.ensure_replica_image().await {
+            self.mem.replica = self.shared.replica_event(ReplicaEvent::Failed)?;
+            self.mem.phase = None;
+            return Err(e.into());
+        }
         let all: Vec<u32> = self.gpus.inventory()?.iter().map(|g| g.index).collect();
         let spec = crate::replica::container_spec(&self.cfg, self.node(), self.gpus.access(&all));
         let id = match self.engine.run(&spec).await {
@@ -447,6 +464,81 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         Ok(())
     }
 
+    /// Of `images`, those not on the host; those there are pinned to their registry digest
+    /// when a registry knows them.
+    async fn missing_images(&mut self, images: &[String]) -> Result<BTreeSet<String>, EngineError> {
+        let mut missing = BTreeSet::new();
+        for image in images {
+            match self.engine.image(image).await? {
+                Some(info) => self.pin(image, &info),
+                None => {
+                    missing.insert(image.clone());
+                }
+            }
+        }
+        Ok(missing)
+    }
+
+    fn pin(&mut self, image: &str, info: &crate::engine::ImageInfo) {
+        match info.pinned(image) {
+            Some(pinned) => self.pinned.insert(image.to_owned(), pinned),
+            None => self.pinned.remove(image),
+        };
+    }
+
+    /// Pulls `image` while the replica still serves; when that fails, each of `leases`
+    /// fails to start, with the registry and its reason, and the node's other leases go on.
+    async fn pull_for(&mut self, image: &str, leases: &[LeaseGrant]) -> Result<(), ReconcileError> {
+        let t = Instant::now();
+        let pulled = match self.cfg.registry.auth_for(image) {
+            Ok(auth) => self.engine.pull(image, auth.as_ref()).await,
+            Err(e) => Err(EngineError::PullFailed {
+                image: image.to_owned(),
+                registry: crate::engine::registry::registry_of(image),
+                reason: format!("reading the registry credentials: {e}"),
+            }),
+        };
+        match pulled {
+            Ok(info) => {
+                self.pin(image, &info);
+                self.shared
+                    .record_phase(SequenceKind::Drain, "pull_image", t);
+                Ok(())
+            }
+            Err(e @ EngineError::PullFailed { .. }) => {
+                for lease in leases {
+                    tracing::warn!(
+                        node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+                        error = %e, "job cannot start"
+                    );
+                    self.mem
+                        .start_failures
+                        .insert(lease.lease_id, StartFailure::new(lease, e.to_string()));
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Pulls the replica's image when the host lacks it.
+    async fn ensure_replica_image(&self) -> Result<(), EngineError> {
+        let image = &self.cfg.replica.image;
+        if self.engine.image(image).await?.is_some() {
+            return Ok(());
+        }
+        let auth = self
+            .cfg
+            .registry
+            .auth_for(image)
+            .map_err(|e| EngineError::PullFailed {
+                image: image.clone(),
+                registry: crate::engine::registry::registry_of(image),
+                reason: format!("reading the registry credentials: {e}"),
+            })?;
+        self.engine.pull(image, auth.as_ref()).await.map(|_| ())
+    }
+
     /// Starts a container for each lease, each in its own checkpoint directory.
     async fn start_jobs(&mut self, leases: &[LeaseGrant]) -> Result<(), ReconcileError> {
         let started = Instant::now();
@@ -464,13 +556,18 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     path: self.cfg.checkpoint_root().display().to_string(),
                     source,
                 })?;
-            let spec = job::container_spec(
+            let mut spec = job::container_spec(
                 self.node(),
                 lease,
                 &dirs,
                 self.gpus.access(&lease.gpus),
                 &self.cfg.rendezvous_bind_ip,
             );
+            // The image as pinned when it was found or pulled: a tag moved since cannot
+            // change what this attempt runs.
+            if let Some(pinned) = self.pinned.get(&lease.job.image) {
+                spec.image = pinned.clone();
+            }
             for g in &lease.gpus {
                 self.mem.fenced.insert(*g, lease.epoch);
             }
@@ -481,7 +578,11 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 ),
                 // The lease's own fault: its attempt fails (reported in the heartbeat) and
                 // the node's other leases go on.
-                Err(e @ (EngineError::ImageMissing(_) | EngineError::Refused { .. })) => {
+                Err(
+                    e @ (EngineError::ImageMissing(_)
+                    | EngineError::Refused { .. }
+                    | EngineError::PullFailed { .. }),
+                ) => {
                     tracing::warn!(
                         node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
                         error = %e, "job cannot start"
@@ -546,6 +647,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 last_checkpoint_at,
                 outputs,
                 image_id: container.and_then(|c| c.image_id.clone()),
+                image_digest: container.and_then(pinned_image),
             });
         }
         // Containers of leases no longer listed are still reported while they exist.
@@ -566,6 +668,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 last_checkpoint_at: None,
                 outputs: BTreeMap::new(),
                 image_id: c.image_id.clone(),
+                image_digest: pinned_image(c),
             });
         }
         // So are the start failures of leases taken back before the coordinator heard.
@@ -627,6 +730,12 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             .or_insert_with(|| job::read_outputs(&JobDirs::new(&self.cfg.work_dir, job_id).outputs))
             .clone()
     }
+}
+
+/// The registry digest a job container runs (`repo@sha256:...`), when it was started
+/// from one.
+fn pinned_image(c: &Container) -> Option<String> {
+    c.image.contains("@sha256:").then(|| c.image.clone())
 }
 
 #[cfg(test)]

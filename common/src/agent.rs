@@ -269,6 +269,12 @@ pub struct JobRun {
     /// keeps it through `docker save` / `docker load`, and creates a container from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
+    /// The image pinned to its registry digest (`repo@sha256:...`, the digest of its
+    /// manifest) when it came from a registry: the reference every later attempt of the job
+    /// runs, on any host, so that a tag moved since never changes it. `None` for an image
+    /// built or loaded on the host, which no registry knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -264,6 +264,7 @@ fn run(
         last_checkpoint_at: None,
         outputs: Default::default(),
         image_id: None,
+        image_digest: None,
     }
 }
 

@@ -11,7 +11,7 @@
 //! sequences themselves are in `drain.rs` (lend the node) and `reclaim.rs` (serve again); the
 //! fail-safe's decisions in `failsafe.rs`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use nightshift_common::labels;
@@ -49,6 +49,9 @@ pub struct Observation {
     /// Free bytes on the volume of the job checkpoints, when known; read only while a
     /// lease waits for its job to start.
     pub checkpoint_free_bytes: Option<u64>,
+    /// The images of leases waiting to start that are not on the host (to pull); read only
+    /// while a lease waits for its job to start.
+    pub missing_images: BTreeSet<String>,
 }
 
 /// The running replica's vLLM as probed this round.
@@ -103,6 +106,7 @@ impl StartFailure {
                 last_checkpoint_at: None,
                 outputs: BTreeMap::new(),
                 image_id: None,
+                image_digest: None,
             },
             unlisted_since: None,
         }
@@ -232,6 +236,12 @@ pub enum Step {
     /// Starts a container for each lease (its own checkpoint directory, fenced GPUs);
     /// records `start_jobs`.
     StartJobs(Vec<LeaseGrant>),
+    /// Pulls `image`, which these leases' jobs need, while the replica (if any) still
+    /// serves. When the pull fails, each lease fails to start with the engine's reason.
+    Pull {
+        image: String,
+        leases: Vec<LeaseGrant>,
+    },
     /// The lease's job cannot start, for this reason: reported as failed to start.
     FailStart {
         lease: Box<LeaseGrant>,
@@ -311,6 +321,21 @@ pub fn plan(
     }
     let steps = if serve {
         crate::reclaim::plan(cfg, obs, mem, now)
+    } else if let Some(pull) = pull(leases, obs, mem) {
+        // Images are pulled before the drain begins: the replica serves during the pull,
+        // and no GPU waits idle for one.
+        vec![pull]
+    } else if !leases.is_empty()
+        && leases
+            .iter()
+            .all(|l| mem.start_failures.contains_key(&l.lease_id))
+        && !jobs(&obs.containers).any(|c| lease_of(c).is_some())
+        && mem.replica == ReplicaState::Serving
+        && mem.phase.is_none()
+    {
+        // Every lease failed to start before the drain began (its image could not be
+        // pulled): the replica keeps serving until the coordinator hears and drops them.
+        Vec::new()
     } else {
         match crate::drain::plan(cfg, obs, mem, now) {
             steps if steps.is_empty() => start_jobs(cfg, leases, obs, mem, now),
@@ -387,6 +412,25 @@ fn start_jobs(
     steps.push(Step::StartJobs(start));
     steps.push(Step::Enter(None));
     steps
+}
+
+/// The first image that leases waiting to start need and the host lacks, with those
+/// leases: gang members and the node's other leases alike wait until every leased image is
+/// there, so that the drain (and the GPUs' idle time) begins only once all can start.
+fn pull(leases: &[LeaseGrant], obs: &Observation, mem: &Memory) -> Option<Step> {
+    let waiting = unstarted(leases, &obs.containers, mem);
+    let image = waiting
+        .iter()
+        .map(|l| &l.job.image)
+        .find(|i| obs.missing_images.contains(*i))?;
+    Some(Step::Pull {
+        image: image.clone(),
+        leases: waiting
+            .into_iter()
+            .filter(|l| &l.job.image == image)
+            .cloned()
+            .collect(),
+    })
 }
 
 /// The leases with no container yet and no failure to start one.

@@ -10,20 +10,22 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bollard::Docker;
+use bollard::auth::DockerCredentials;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
     ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, DeviceMapping,
     DeviceRequest, HostConfig, PortBinding, PortMap, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder, StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 
+use super::registry::{RegistryAuth, registry_of};
 use super::{
-    Container, ContainerSpec, ContainerState, Engine, EngineError, GpuAccess, LogStream,
+    Container, ContainerSpec, ContainerState, Engine, EngineError, GpuAccess, ImageInfo, LogStream,
     PortPublish,
 };
 
@@ -33,6 +35,9 @@ const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
 /// How long a `stop` request may outlast its grace period before the client gives up: Docker
 /// answers only once the container has exited, after the kill that follows the grace period.
 const STOP_REQUEST_MARGIN: Duration = Duration::from_secs(30);
+
+/// A pull's layer progress is logged at most this often.
+const PULL_LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// The Docker engine on this host.
 #[derive(Debug, Clone)]
@@ -182,6 +187,78 @@ impl Engine for DockerEngine {
             }
         }
         Ok(containers)
+    }
+
+    async fn image(&self, image: &str) -> Result<Option<ImageInfo>, EngineError> {
+        match self.docker.inspect_image(image).await {
+            Ok(found) => Ok(Some(ImageInfo {
+                id: found.id.unwrap_or_default(),
+                repo_digests: found.repo_digests.unwrap_or_default(),
+            })),
+            Err(err) if is_not_found(&err) => Ok(None),
+            Err(err) => Err(engine_error(image, err)),
+        }
+    }
+
+    async fn pull(
+        &self,
+        image: &str,
+        auth: Option<&RegistryAuth>,
+    ) -> Result<ImageInfo, EngineError> {
+        let registry = registry_of(image);
+        let failed = |reason: String| EngineError::PullFailed {
+            image: image.to_owned(),
+            registry: registry.clone(),
+            reason,
+        };
+        let (from_image, tag) = split_reference(image);
+        let mut options = CreateImageOptionsBuilder::new().from_image(from_image);
+        if let Some(tag) = tag {
+            options = options.tag(tag);
+        }
+        let credentials = auth.map(|a| DockerCredentials {
+            username: Some(a.username.clone()),
+            password: Some(a.password.clone()),
+            serveraddress: Some(a.server.clone()),
+            ..Default::default()
+        });
+        tracing::info!(image, registry = %registry, authenticated = auth.is_some(), "pulling image");
+        let began = std::time::Instant::now();
+        let mut stream = self
+            .docker
+            .create_image(Some(options.build()), None, credentials);
+        let mut progress = PullProgress::default();
+        while let Some(event) = stream.next().await {
+            let info = event.map_err(|err| match err {
+                DockerError::DockerResponseServerError { message, .. } => failed(message),
+                DockerError::DockerStreamError { error } => failed(error),
+                other => engine_error(image, other),
+            })?;
+            if let Some(detail) = info.error_detail {
+                return Err(failed(
+                    detail.message.unwrap_or_else(|| "unknown error".into()),
+                ));
+            }
+            progress.note(&info);
+            if progress.due(PULL_LOG_EVERY) {
+                tracing::info!(
+                    image,
+                    layers = progress.layers.len(),
+                    done = progress.done(),
+                    downloaded_bytes = progress.current(),
+                    total_bytes = progress.total(),
+                    "pulling image"
+                );
+            }
+        }
+        let pulled = self.image(image).await?.ok_or_else(|| {
+            failed("the engine reported the pull done but has no such image".into())
+        })?;
+        tracing::info!(
+            image, registry = %registry, id = %pulled.id, digests = ?pulled.repo_digests,
+            layers = progress.layers.len(), elapsed_s = began.elapsed().as_secs_f64(), "image pulled"
+        );
+        Ok(pulled)
     }
 
     async fn inspect(&self, id: &str) -> Result<Container, EngineError> {
@@ -439,6 +516,70 @@ fn refused_or_engine_error(subject: &str, err: DockerError) -> EngineError {
             reason: message,
         },
         other => engine_error(subject, other),
+    }
+}
+
+/// `repo:tag` → (`repo`, `tag`); a digest reference is passed whole as the image.
+fn split_reference(image: &str) -> (&str, Option<&str>) {
+    if image.contains('@') {
+        return (image, None);
+    }
+    let repo = super::registry::repository(image);
+    match image[repo.len()..].strip_prefix(':') {
+        Some(tag) => (repo, Some(tag)),
+        None => (repo, Some("latest")),
+    }
+}
+
+/// A pull's layers as Docker reports them, for a progress line every few seconds rather
+/// than one per event.
+#[derive(Default)]
+struct PullProgress {
+    /// Layer id → (bytes downloaded, bytes in all, done).
+    layers: BTreeMap<String, (i64, i64, bool)>,
+    last_log: Option<std::time::Instant>,
+}
+
+impl PullProgress {
+    fn note(&mut self, info: &bollard::models::CreateImageInfo) {
+        let Some(id) = &info.id else { return };
+        let layer = self.layers.entry(id.clone()).or_default();
+        if let Some(d) = &info.progress_detail
+            && info.status.as_deref() == Some("Downloading")
+        {
+            layer.0 = d.current.unwrap_or(layer.0);
+            layer.1 = d.total.unwrap_or(layer.1);
+        }
+        if matches!(
+            info.status.as_deref(),
+            Some("Pull complete" | "Already exists" | "Download complete")
+        ) {
+            layer.0 = layer.1;
+            layer.2 = info.status.as_deref() != Some("Download complete");
+        }
+    }
+
+    fn due(&mut self, every: Duration) -> bool {
+        let now = std::time::Instant::now();
+        match self.last_log {
+            Some(t) if now.duration_since(t) < every => false,
+            _ => {
+                self.last_log = Some(now);
+                true
+            }
+        }
+    }
+
+    fn done(&self) -> usize {
+        self.layers.values().filter(|l| l.2).count()
+    }
+
+    fn current(&self) -> i64 {
+        self.layers.values().map(|l| l.0).sum()
+    }
+
+    fn total(&self) -> i64 {
+        self.layers.values().map(|l| l.1).sum()
     }
 }
 

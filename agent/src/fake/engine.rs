@@ -9,15 +9,34 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::{FakeContainer, Start, World, gpu_indices, lock};
-use crate::engine::{Container, ContainerSpec, ContainerState, Engine, EngineError, LogStream};
+use crate::engine::registry::{RegistryAuth, registry_of};
+use crate::engine::{
+    Container, ContainerSpec, ContainerState, Engine, EngineError, ImageInfo, LogStream,
+};
 
 /// A call made through the [`Engine`] port that changes the world.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineCall {
-    Run { name: String, image: String },
-    Stop { id: String, grace: Duration },
-    Signal { id: String, signal: String },
-    Remove { id: String },
+    Run {
+        name: String,
+        image: String,
+    },
+    /// A pull, with the user it authenticated as.
+    Pull {
+        image: String,
+        user: Option<String>,
+    },
+    Stop {
+        id: String,
+        grace: Duration,
+    },
+    Signal {
+        id: String,
+        signal: String,
+    },
+    Remove {
+        id: String,
+    },
 }
 
 /// The [`Engine`] port of a [`super::FakeNode`].
@@ -50,6 +69,54 @@ impl Engine for FakeEngine {
             .collect())
     }
 
+    async fn image(&self, image: &str) -> Result<Option<ImageInfo>, EngineError> {
+        let w = lock(&self.world);
+        Ok(w.image(image))
+    }
+
+    async fn pull(
+        &self,
+        image: &str,
+        auth: Option<&RegistryAuth>,
+    ) -> Result<ImageInfo, EngineError> {
+        let takes = {
+            let mut w = lock(&self.world);
+            w.engine_calls.push(EngineCall::Pull {
+                image: image.to_owned(),
+                user: auth.map(|a| a.username.clone()),
+            });
+            w.pull_takes
+        };
+        tokio::time::sleep(takes).await;
+        let mut w = lock(&self.world);
+        let failed = |reason: &str| EngineError::PullFailed {
+            image: image.to_owned(),
+            registry: registry_of(image),
+            reason: reason.to_owned(),
+        };
+        let Some(remote) = w.registry.get(image).cloned() else {
+            return Err(failed("manifest unknown"));
+        };
+        if let Some((user, password)) = &remote.credentials
+            && auth.is_none_or(|a| (&a.username, &a.password) != (user, password))
+        {
+            return Err(failed("unauthorized: authentication required"));
+        }
+        let pinned = remote.pinned.clone();
+        let info = ImageInfo {
+            id: format!(
+                "sha256:fake-{}",
+                pinned.split_once('@').map_or("", |(_, d)| d)
+            ),
+            repo_digests: vec![pinned.clone()],
+        };
+        w.missing_images.remove(image);
+        w.pinned.insert(pinned.clone(), remote.tag.clone());
+        w.images.insert(image.to_owned(), info.clone());
+        w.images.insert(pinned, info.clone());
+        Ok(info)
+    }
+
     async fn inspect(&self, id: &str) -> Result<Container, EngineError> {
         let mut w = lock(&self.world);
         w.settle();
@@ -67,7 +134,7 @@ impl Engine for FakeEngine {
                 name: spec.name.clone(),
                 image: spec.image.clone(),
             });
-            if w.missing_images.contains(&spec.image) {
+            if w.image(&spec.image).is_none() {
                 return Err(EngineError::ImageMissing(spec.image.clone()));
             }
             if let Some(reason) = w.refused_images.get(&spec.image) {
@@ -92,7 +159,10 @@ impl Engine for FakeEngine {
         let n = w.next_id;
         w.next_id += 1;
         let id = format!("fake{n:06}");
-        let behaviour = w.behaviours.get(&spec.image).cloned().unwrap_or_default();
+        // A pinned image behaves as the tag it was pulled for.
+        let tag = w.pinned.get(&spec.image).unwrap_or(&spec.image);
+        let behaviour = w.behaviours.get(tag).cloned().unwrap_or_default();
+        let image_id = w.image(&spec.image).map(|i| i.id);
         let now = Instant::now();
         let mut files: BTreeMap<String, Vec<u8>> = spec.files.iter().cloned().collect();
         files.extend(behaviour.files.iter().cloned());
@@ -100,7 +170,7 @@ impl Engine for FakeEngine {
             id: id.clone(),
             name: spec.name.clone(),
             image: spec.image.clone(),
-            image_id: Some(format!("sha256:fake-{}", spec.image)),
+            image_id,
             labels: spec.labels.clone(),
             state: ContainerState::Running,
             published_port: spec.publish.as_ref().map(|p| match p.host_port {

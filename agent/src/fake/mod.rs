@@ -24,7 +24,8 @@ use std::time::Duration;
 use nightshift_common::labels;
 use tokio::time::Instant;
 
-use crate::engine::{Container, ContainerState, GpuAccess};
+use crate::engine::registry::repository;
+use crate::engine::{Container, ContainerState, GpuAccess, ImageInfo};
 use crate::gpus::fake::FakeGpus;
 
 pub use engine::{EngineCall, FakeEngine};
@@ -178,6 +179,14 @@ struct World {
     /// Memory still held by removed containers: GPUs, bytes, until when.
     ghosts: Vec<(Vec<u32>, u64, Instant)>,
     missing_images: BTreeSet<String>,
+    /// Images pulled onto the host, by tag and by pinned reference.
+    images: BTreeMap<String, ImageInfo>,
+    /// Pinned reference → the tag it was pulled for.
+    pinned: BTreeMap<String, String>,
+    /// The registry's images, by `repo:tag` and by every `repo@digest` ever published.
+    registry: BTreeMap<String, RemoteImage>,
+    /// How long a pull takes.
+    pull_takes: Duration,
     refused_images: BTreeMap<String, String>,
     behaviours: BTreeMap<String, Behaviour>,
     /// How long the driver takes to show a GPU's memory free after its container ended.
@@ -189,7 +198,30 @@ struct World {
     vllm_calls: Vec<VllmCall>,
 }
 
+/// An image in the fake registry.
+#[derive(Debug, Clone)]
+struct RemoteImage {
+    /// `repo@sha256:...`.
+    pinned: String,
+    /// The tag it was published as.
+    tag: String,
+    /// The user and password it asks for, if any.
+    credentials: Option<(String, String)>,
+}
+
 impl World {
+    /// `image` when it is on the host: pulled, or any image not marked missing (built or
+    /// loaded there, known by no registry); a digest reference only once pulled.
+    fn image(&self, image: &str) -> Option<ImageInfo> {
+        if let Some(info) = self.images.get(image) {
+            return Some(info.clone());
+        }
+        (!self.missing_images.contains(image) && !image.contains('@')).then(|| ImageInfo {
+            id: format!("sha256:fake-{image}"),
+            repo_digests: Vec::new(),
+        })
+    }
+
     fn settle(&mut self) {
         let now = Instant::now();
         for c in self.containers.values_mut() {
@@ -253,6 +285,10 @@ impl FakeNode {
             containers: BTreeMap::new(),
             ghosts: Vec::new(),
             missing_images: BTreeSet::new(),
+            images: BTreeMap::new(),
+            pinned: BTreeMap::new(),
+            registry: BTreeMap::new(),
+            pull_takes: Duration::from_secs(1),
             refused_images: BTreeMap::new(),
             behaviours: BTreeMap::new(),
             frees_after: Duration::from_secs(2),
@@ -282,6 +318,36 @@ impl FakeNode {
     /// Running `image` fails: it is not on the host.
     pub fn image_missing(&self, image: &str) {
         self.world().missing_images.insert(image.to_owned());
+    }
+
+    /// `image` (`repo:tag`) is in the registry as `digest` (`sha256:...`), behind `user` and
+    /// `password` when given, and not on the host: a job needs it pulled. Publishing a tag
+    /// again moves it; the host keeps what it pulled.
+    pub fn publish(&self, image: &str, digest: &str, credentials: Option<(&str, &str)>) {
+        let mut w = self.world();
+        let remote = RemoteImage {
+            pinned: format!("{}@{digest}", repository(image)),
+            tag: image.to_owned(),
+            credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
+        };
+        w.registry.insert(remote.pinned.clone(), remote.clone());
+        w.registry.insert(image.to_owned(), remote);
+        if !w.images.contains_key(image) {
+            w.missing_images.insert(image.to_owned());
+        }
+    }
+
+    /// A pull takes this long.
+    pub fn set_pull_takes(&self, takes: Duration) {
+        self.world().pull_takes = takes;
+    }
+
+    /// Removes `image` (a tag) from the host, as `docker rmi` would; a pinned reference
+    /// pulled with it stays until that is removed too.
+    pub fn remove_image(&self, image: &str) {
+        let mut w = self.world();
+        w.images.remove(image);
+        w.missing_images.insert(image.to_owned());
     }
 
     /// Running `image` fails: the engine refuses it, saying `reason`.

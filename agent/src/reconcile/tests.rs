@@ -722,3 +722,163 @@ async fn a_failed_wake_is_sent_again_on_the_next_pass() {
         .count();
     assert_eq!(wakes, 2);
 }
+
+const REGISTRY_IMAGE: &str = "127.0.0.1:5000/team/eval:1";
+
+fn pulled_lease(lease_id: u64, job_id: u64, gpus: Vec<u32>, image: &str) -> LeaseGrant {
+    let mut l = lease(lease_id, lease_id, job_id, gpus);
+    l.job.image = image.into();
+    l
+}
+
+/// The index of the first engine call that matches, if any.
+fn call_at(calls: &[EngineCall], f: impl Fn(&EngineCall) -> bool) -> Option<usize> {
+    calls.iter().position(f)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_image_is_pulled_while_the_replica_serves_then_pinned() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    rig.node.publish(REGISTRY_IMAGE, "sha256:aaa", None);
+    rig.node.set_pull_takes(Duration::from_secs(40));
+    let replica = rig.replicas()[0].id.clone();
+
+    rig.tell(lend(
+        2,
+        vec![pulled_lease(1, 1, vec![0, 1], REGISTRY_IMAGE)],
+    ))
+    .await;
+    let calls = rig.node.engine_calls();
+    let pulled = call_at(
+        &calls,
+        |c| matches!(c, EngineCall::Pull { image, user: None } if image == REGISTRY_IMAGE),
+    );
+    let stopped = call_at(
+        &calls,
+        |c| matches!(c, EngineCall::Stop { id, .. } if *id == replica),
+    );
+    assert!(
+        pulled.is_some() && pulled < stopped,
+        "the pull comes before the replica stops: {calls:?}"
+    );
+    // The pull is no part of the drain's idle time: the drain's first phase is not 40 s.
+    assert!(rig.phase_ms(SequenceKind::Drain, "pull_image") >= 40_000);
+    assert!(rig.phase_ms(SequenceKind::Drain, "stop_replica") < 40_000);
+    // The job runs its image pinned to the registry digest, and says so.
+    let pinned = "127.0.0.1:5000/team/eval@sha256:aaa";
+    assert_eq!(rig.jobs()[0].image, pinned);
+    let run = rig.shared.observed().runs[0].clone();
+    assert_eq!(run.state, JobRunState::Running);
+    assert_eq!(run.image_digest.as_deref(), Some(pinned));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_pull_fails_its_lease_and_the_node_serves_or_runs_the_next() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    rig.node
+        .publish(REGISTRY_IMAGE, "sha256:aaa", Some(("alice", "right")));
+    let bad = pulled_lease(1, 1, vec![0, 1], REGISTRY_IMAGE);
+    rig.tell(lend(2, vec![bad.clone()])).await;
+    let failed = |rig: &Rig| match rig.run_state(1) {
+        Some(JobRunState::FailedToStart { message }) => message,
+        other => panic!("expected a start failure, got {other:?}"),
+    };
+    let message = failed(&rig);
+    assert!(
+        message.contains("registry 127.0.0.1:5000") && message.contains("unauthorized"),
+        "{message}"
+    );
+    // No drain for it: the replica still serves.
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
+    assert!(rig.shared.ready());
+    assert!(rig.jobs().is_empty());
+    // Asked again (the same lease still listed), it is not pulled again.
+    let pulls = |rig: &Rig| {
+        rig.node
+            .engine_calls()
+            .iter()
+            .filter(|c| matches!(c, EngineCall::Pull { .. }))
+            .count()
+    };
+    rig.tell(lend(3, vec![bad.clone()])).await;
+    assert_eq!(pulls(&rig), 1);
+    // The node's next lease goes on.
+    rig.tell(lend(4, vec![bad, lease(2, 2, 2, vec![2, 3])]))
+        .await;
+    assert_eq!(rig.run_state(2), Some(JobRunState::Running));
+    assert!(failed(&rig).contains("unauthorized"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn configured_credentials_are_sent_with_the_pull() {
+    let auth = tempfile::NamedTempFile::new().unwrap();
+    // base64("alice:right")
+    std::fs::write(
+        auth.path(),
+        r#"{"auths": {"127.0.0.1:5000": {"auth": "YWxpY2U6cmlnaHQ="}}}"#,
+    )
+    .unwrap();
+    let path = auth.path().to_path_buf();
+    let mut rig = rig(move |c| c.registry.auth_file = Some(path));
+    rig.serving().await;
+    rig.node
+        .publish(REGISTRY_IMAGE, "sha256:aaa", Some(("alice", "right")));
+    rig.tell(lend(2, vec![pulled_lease(1, 1, vec![0], REGISTRY_IMAGE)]))
+        .await;
+    assert_eq!(rig.run_state(1), Some(JobRunState::Running));
+    assert!(rig.node.engine_calls().contains(&EngineCall::Pull {
+        image: REGISTRY_IMAGE.into(),
+        user: Some("alice".into()),
+    }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gang_starts_only_once_every_image_is_present() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    let other = "127.0.0.1:5000/team/eval:2";
+    rig.node.publish(REGISTRY_IMAGE, "sha256:aaa", None);
+    rig.node.publish(other, "sha256:bbb", None);
+    rig.node.set_pull_takes(Duration::from_secs(20));
+    let mut rank0 = pulled_lease(1, 7, vec![0, 1], REGISTRY_IMAGE);
+    let mut rank1 = pulled_lease(2, 7, vec![2, 3], other);
+    rank0.job.nodes = 2;
+    rank1.job.nodes = 2;
+    rig.tell(lend(2, vec![rank0, rank1])).await;
+    let calls = rig.node.engine_calls();
+    let last_pull = calls
+        .iter()
+        .rposition(|c| matches!(c, EngineCall::Pull { .. }))
+        .unwrap();
+    let first_job = call_at(
+        &calls,
+        |c| matches!(c, EngineCall::Run { image, .. } if image.contains("/team/eval@")),
+    )
+    .unwrap();
+    assert!(last_pull < first_job, "{calls:?}");
+    let images: Vec<String> = rig.jobs().into_iter().map(|c| c.image).collect();
+    assert_eq!(images.len(), 2);
+    assert!(images.contains(&"127.0.0.1:5000/team/eval@sha256:bbb".to_owned()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_moved_tag_never_changes_a_pinned_attempt() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    rig.node.publish(REGISTRY_IMAGE, "sha256:aaa", None);
+    rig.tell(lend(2, vec![pulled_lease(1, 1, vec![0], REGISTRY_IMAGE)]))
+        .await;
+    let pinned = rig.shared.observed().runs[0].image_digest.clone().unwrap();
+    // The tag moves and the host loses the image; the next attempt carries the pinned
+    // reference (the coordinator set it), which the registry still serves.
+    rig.node.publish(REGISTRY_IMAGE, "sha256:bbb", None);
+    rig.node.remove_image(REGISTRY_IMAGE);
+    let mut next = pulled_lease(2, 1, vec![1], &pinned);
+    next.attempt = 2;
+    rig.tell(lend(3, vec![next])).await;
+    assert_eq!(rig.run_state(2), Some(JobRunState::Running));
+    let images: Vec<String> = rig.jobs().into_iter().map(|c| c.image).collect();
+    assert!(images.iter().all(|i| i == &pinned), "{images:?}");
+}

@@ -234,6 +234,7 @@ mod tests {
             last_checkpoint_at: None,
             outputs: Default::default(),
             image_id: None,
+            image_digest: None,
         }
     }
 

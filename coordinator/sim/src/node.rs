@@ -448,6 +448,7 @@ impl SimNode {
                     last_checkpoint_at: None,
                     outputs: BTreeMap::new(),
                     image_id: None,
+                    image_digest: None,
                 }
             })
             .collect();

@@ -107,6 +107,7 @@ fn serving_host(running: f64, used: u64) -> Observation {
         gpu_memory: Some((0..4).map(|g| (g, used)).collect()),
         replica: Some(probe(running)),
         checkpoint_free_bytes: Some(100 * GIB),
+        missing_images: Default::default(),
     }
 }
 
@@ -314,6 +315,7 @@ fn unleased_jobs_are_stopped_first_with_their_grace() {
         gpu_memory: Some((0..4).map(|g| (g, 0)).collect()),
         replica: None,
         checkpoint_free_bytes: None,
+        missing_images: Default::default(),
     };
     let stop = |reclaim| {
         vec![Step::StopJobs {
@@ -355,6 +357,7 @@ fn reclaim_confirms_the_gpus_free_then_starts_the_replica_and_waits_for_health()
         gpu_memory: Some(BTreeMap::from([(0, 0), (1, 0)])),
         replica: None,
         checkpoint_free_bytes: None,
+        missing_images: Default::default(),
     };
     let mem = memory(
         ReplicaState::Stopped,
@@ -467,4 +470,49 @@ fn start_failures_are_forgotten_a_lease_ttl_after_unlisting() {
     assert_eq!(mem.start_failures[&1].unlisted_since, Some(t0));
     mem.track_start_failures(&unlisted, t0 + Duration::from_secs(10));
     assert!(mem.start_failures.is_empty());
+}
+
+#[test]
+fn a_missing_image_is_pulled_before_the_drain_begins() {
+    let (cfg, t0) = (cfg(), t0());
+    let mut l = [lease(1, 1, vec![0, 1]), lease(2, 1, vec![2, 3])];
+    l[1].job.image = "registry:5000/eval:2".into();
+    let lend = desired(false, &l);
+    let mut obs = serving_host(3.0, 70 * GIB);
+    obs.missing_images = ["registry:5000/eval:2".to_owned()].into();
+    let serving = memory(ReplicaState::Serving, None);
+    // The replica still serves: no drain step, only the pull, for the leases that need it.
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &serving, t0),
+        [Step::Pull {
+            image: "registry:5000/eval:2".into(),
+            leases: vec![l[1].clone()]
+        }]
+    );
+    // Once every leased image is there, the drain begins.
+    obs.missing_images.clear();
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &serving, t0)[0],
+        Step::Replica(ReplicaEvent::DrainBegan)
+    );
+}
+
+#[test]
+fn leases_that_all_failed_to_pull_leave_the_replica_serving() {
+    let (cfg, t0) = (cfg(), t0());
+    let l = [lease(1, 1, vec![0, 1])];
+    let lend = desired(false, &l);
+    let obs = serving_host(3.0, 70 * GIB);
+    let mut failed = memory(ReplicaState::Serving, None);
+    failed.start_failures.insert(
+        1,
+        StartFailure::new(&l[0], "pulling trainer:1 failed".into()),
+    );
+    assert_eq!(plan(&cfg, Some(&lend), &l, &obs, &failed, t0), []);
+    // Another lease that can start still drains the node.
+    let two = [l[0].clone(), lease(2, 1, vec![2, 3])];
+    assert_eq!(
+        plan(&cfg, Some(&desired(false, &two)), &two, &obs, &failed, t0)[0],
+        Step::Replica(ReplicaEvent::DrainBegan)
+    );
 }

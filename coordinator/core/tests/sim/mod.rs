@@ -187,6 +187,7 @@ impl SimAgent {
                         last_checkpoint_at: None,
                         outputs: BTreeMap::new(),
                         image_id: None,
+                        image_digest: None,
                     });
                 }
             }
