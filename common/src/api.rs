@@ -88,6 +88,11 @@ pub struct JobView {
     /// Why the job is in its state, when that is not obvious (a failure, a refusal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// `spec.image` pinned to its registry digest (`repo@sha256:...`) at the job's first
+    /// start: what every later attempt runs. `None` before, and for an image that no
+    /// registry knows (built or loaded on the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -252,6 +252,7 @@ impl Cluster {
                         attempt: r.attempt,
                         node: node.to_owned(),
                         image_id,
+                        image_digest: r.image_digest.clone(),
                         at: now,
                     })
                 })
@@ -759,6 +760,7 @@ mod tests {
                 attempt: 1,
                 node: "a".into(),
                 image_id: "sha256:aa".into(),
+                image_digest: None,
                 at: 1,
             }],
             ..Changes::default()
@@ -774,6 +776,7 @@ mod tests {
                 attempt: 2,
                 node: "a".into(),
                 image_id: "sha256:bb".into(),
+                image_digest: None,
                 at: 2,
             }],
             ..Changes::default()

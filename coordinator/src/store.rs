@@ -58,6 +58,11 @@ const MIGRATIONS: &[&str] = &[
         image_id TEXT NOT NULL, recorded_at INTEGER NOT NULL,
         PRIMARY KEY (job, attempt)) STRICT;
     ",
+    // The registry digest (`repo@sha256:...`) the attempt's image was pinned to, when a
+    // registry knows the image.
+    "
+    ALTER TABLE job_images ADD COLUMN image_digest TEXT;
+    ",
 ];
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -220,6 +225,8 @@ pub struct ImageRecord {
     pub attempt: u32,
     pub node: String,
     pub image_id: String,
+    /// The image pinned to its registry digest (`repo@sha256:...`), when it came from one.
+    pub image_digest: Option<String>,
     pub at: UnixMillis,
 }
 
@@ -485,12 +492,15 @@ impl Store {
         Ok(snapshot)
     }
 
-    /// The image ID of each of `jobs` that has one: its newest attempt's.
+    /// The image each of `jobs` ran, when known: its newest attempt's registry digest
+    /// (`repo@sha256:...`, which any host can pull), else its image ID (`sha256:...`, which
+    /// only an engine that has the image can run).
     pub fn image_ids(&self, jobs: &[u64]) -> Result<BTreeMap<u64, String>, StoreError> {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT image_id FROM job_images WHERE job = ?1 ORDER BY attempt DESC LIMIT 1",
+                "SELECT COALESCE(image_digest, image_id) FROM job_images WHERE job = ?1
+                 ORDER BY attempt DESC LIMIT 1",
             )
             .map_err(|e| self.sql(e))?;
         let mut out = BTreeMap::new();
@@ -627,8 +637,8 @@ impl Store {
         }
         for im in &changes.images {
             tx.prepare_cached(
-                "INSERT INTO job_images (job, attempt, node, image_id, recorded_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                "INSERT INTO job_images (job, attempt, node, image_id, recorded_at, image_digest)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -636,7 +646,8 @@ impl Store {
                     i64::from(im.attempt),
                     im.node,
                     im.image_id,
-                    im.at as i64
+                    im.at as i64,
+                    im.image_digest
                 ])
             })
             .map_err(sql)?;
@@ -684,6 +695,7 @@ mod tests {
             exit_code: None,
             outputs: BTreeMap::new(),
             message: None,
+            image_digest: None,
         }
     }
 
@@ -824,6 +836,7 @@ mod tests {
                     attempt,
                     node: node.to_owned(),
                     image_id: id.to_owned(),
+                    image_digest: None,
                     at,
                 })
                 .collect(),
@@ -855,6 +868,16 @@ mod tests {
             )
             .unwrap();
         assert_eq!(first, ("sha256:aa".to_owned(), "n1".to_owned()));
+        // A registry digest, when reported, is what the job's image is known by: any host
+        // can pull it.
+        let mut store = store;
+        let mut pinned = images("n1", 8, &[(3, 1, "sha256:dd")]);
+        pinned.images[0].image_digest = Some("reg:5000/t@sha256:ee".into());
+        store.write(&pinned).unwrap();
+        assert_eq!(
+            store.image_ids(&[3]).unwrap(),
+            BTreeMap::from([(3, "reg:5000/t@sha256:ee".to_owned())])
+        );
     }
 
     #[test]

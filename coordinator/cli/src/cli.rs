@@ -743,6 +743,18 @@ message:      resumed from step 1100
         assert!(!text.contains("lease"), "{text}");
         assert!(!text.contains("run time"), "{text}");
 
+        // A job pinned to its registry digest shows both.
+        let mut job = fake::running(10, fake::spec("pinned", 1));
+        job.spec.image = "reg:5000/team/eval:1".into();
+        job.image_digest = Some("reg:5000/team/eval@sha256:aa".into());
+        let text = render_job(&job, NOW);
+        assert!(
+            text.contains(
+                "\nimage:        reg:5000/team/eval:1\npinned:       reg:5000/team/eval@sha256:aa\n"
+            ),
+            "{text}"
+        );
+
         // Run time counts its ended attempts and the current one.
         let mut job = fake::running(9, fake::spec("bounded", 1));
         job.spec.max_run_seconds = Some(3600);

@@ -643,6 +643,7 @@ pub(crate) mod fake {
             exit_code: None,
             outputs: BTreeMap::new(),
             message: None,
+            image_digest: None,
         }
     }
 

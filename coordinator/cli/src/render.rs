@@ -87,6 +87,10 @@ pub fn render_job(job: &JobView, now: UnixMillis) -> String {
         kv.push(("owner", clean(owner)));
     }
     kv.push(("image", clean(&spec.image)));
+    // What every attempt after the first start runs, whatever the tag now names.
+    if let Some(pinned) = job.image_digest.as_ref().filter(|d| **d != spec.image) {
+        kv.push(("pinned", clean(pinned)));
+    }
     if !spec.command.is_empty() {
         kv.push(("command", shell_words(&spec.command)));
     }

@@ -454,6 +454,7 @@ impl Core {
                 self.member_event(now, told.job, told.lease, event);
             }
         }
+        self.pin_images(node);
         let quiet = !observed_change && self.changes == changes_before;
         let settled = self.settled
             && self
@@ -463,6 +464,30 @@ impl Core {
             self.pending = true;
         }
         Ok(())
+    }
+
+    /// Pins each job that `node` runs under a current lease to the registry digest its
+    /// container reported, at its first start.
+    fn pin_images(&mut self, node: &str) {
+        let reported: Vec<(u64, String)> = self.nodes.get(node).map_or(Vec::new(), |n| {
+            n.runs
+                .iter()
+                .filter_map(|r| Some((r.job_id, r.lease_id, r.image_digest.as_ref()?)))
+                .filter(|(job, lease, _)| {
+                    self.jobs.get(job).is_some_and(|j| j.leases.contains(lease))
+                })
+                .map(|(job, _, digest)| (job, digest.clone()))
+                .collect()
+        });
+        for (job, digest) in reported {
+            if self
+                .jobs
+                .get_mut(&job)
+                .is_some_and(|j| j.pin_image(&digest))
+            {
+                self.effect(Effect::JobChanged(job));
+            }
+        }
     }
 
     /// Whether an observation is waiting for a decision.
@@ -973,7 +998,7 @@ impl Core {
                     job_id: l.job,
                     attempt: job.attempt,
                     gpus: l.gpus.clone(),
-                    job: job.spec.clone(),
+                    job: job.attempt_spec(),
                     rendezvous: self.rendezvous(job, l),
                 })
             })
@@ -1059,6 +1084,7 @@ impl Core {
             exit_code: j.exit_code,
             outputs: j.outputs.clone(),
             message: j.message.clone(),
+            image_digest: j.image_digest.clone(),
         }
     }
 
@@ -1184,5 +1210,6 @@ fn job_from_view(v: JobView) -> Job {
         exit_code: v.exit_code,
         outputs: v.outputs,
         message: v.message,
+        image_digest: v.image_digest,
     }
 }

@@ -72,6 +72,10 @@ pub struct Job {
     pub exit_code: Option<i64>,
     pub outputs: BTreeMap<String, String>,
     pub message: Option<String>,
+    /// `spec.image` pinned to its registry digest (`repo@sha256:...`) by the first attempt
+    /// that started: what every later attempt runs, so that a tag moved since never changes
+    /// the job. `None` until then, and for an image no registry knows.
+    pub image_digest: Option<String>,
 }
 
 impl JobEvent {
@@ -128,7 +132,27 @@ impl Job {
             exit_code: None,
             outputs: BTreeMap::new(),
             message: None,
+            image_digest: None,
         }
+    }
+
+    /// The spec an attempt runs: the image pinned to its digest once it is known.
+    pub fn attempt_spec(&self) -> JobSpec {
+        let mut spec = self.spec.clone();
+        if let Some(pinned) = &self.image_digest {
+            spec.image = pinned.clone();
+        }
+        spec
+    }
+
+    /// Pins the image to `digest` (`repo@sha256:...`) as an attempt reported it; true when
+    /// this changed the job. The first pin stands: a tag moved since changes nothing.
+    pub fn pin_image(&mut self, digest: &str) -> bool {
+        if self.image_digest.is_some() || !digest.contains("@sha256:") {
+            return false;
+        }
+        self.image_digest = Some(digest.to_owned());
+        true
     }
 
     /// Whether the job is being stopped: its remaining leases must all be revoked.

@@ -588,6 +588,7 @@ mod tests {
                 exit_code: None,
                 outputs: BTreeMap::new(),
                 message: None,
+                image_digest: None,
             };
             self.jobs.insert(id, job);
             Ok(id)
