@@ -382,9 +382,15 @@ async fn passive_checks_lose_no_post_on_the_bridge_network() {
     let _one = ONE_AT_A_TIME.lock().await;
     let seen = through_a_lend(ReplicaNetwork::Bridge, documented_block()).await;
     seen.assert_nothing_lost();
-    // Docker's proxy accepted and reset while the replica loaded, and nginx resent those.
+    // Docker's proxy accepted while the replica loaded and then dropped the connection, and
+    // nginx resent those. Whether nginx sees a reset or a bare close depends on whether its
+    // request had reached the proxy's socket when the proxy gave up: either shows the proxy
+    // answering for a replica that was not listening yet.
     assert!(
-        seen.error_log.contains("(104: Connection reset by peer)"),
+        seen.error_log.contains("(104: Connection reset by peer)")
+            || seen
+                .error_log
+                .contains("upstream prematurely closed connection while reading response header"),
         "{}",
         seen.error_log
     );
