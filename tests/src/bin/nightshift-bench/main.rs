@@ -682,6 +682,7 @@ fn absorb(state: &mut AgentState, desired: &DesiredNode) {
                     outputs: Default::default(),
                     // As a real agent reports it: the coordinator records it once per attempt.
                     image_id: Some(format!("sha256:{:064x}", l.job_id)),
+                    image_digest: None,
                 },
                 0,
             ));
