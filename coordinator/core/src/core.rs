@@ -438,6 +438,8 @@ impl Core {
                 }
             })
             .collect();
+        // Before the events: a job that ran and ended within one report is pinned too.
+        self.pin_images(node);
         self.stragglers_reported_gone(node);
         for told in told {
             if let Some(at) = told.checkpoint_at
@@ -454,7 +456,6 @@ impl Core {
                 self.member_event(now, told.job, told.lease, event);
             }
         }
-        self.pin_images(node);
         let quiet = !observed_change && self.changes == changes_before;
         let settled = self.settled
             && self

@@ -56,3 +56,26 @@ fn the_first_start_pins_the_image_and_later_attempts_run_the_digest() {
         serde_json::from_str(&serde_json::to_string(&view).unwrap()).unwrap();
     assert_eq!(back.image_digest.as_deref(), Some(PINNED));
 }
+
+#[test]
+fn a_job_that_ends_in_the_report_that_first_shows_it_is_pinned_too() {
+    let mut c = Cluster::new(config(0), &[("a", 4)]);
+    c.agent("a").durations.insert(1, 600);
+    let mut job = spec("train", 4);
+    job.image = TAG.into();
+    c.core.submit(c.now, job).unwrap();
+    c.run(10);
+    let mut beat = c.agent("a").heartbeat();
+    for run in &mut beat.jobs {
+        run.state = nightshift_common::JobRunState::Exited {
+            exit_code: 0,
+            stopped_by_agent: false,
+        };
+        run.image_digest = Some(PINNED.to_owned());
+    }
+    let now = c.now;
+    c.core.heartbeat(now, "a", beat).unwrap();
+    let job = c.core.job(1).unwrap();
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.image_digest.as_deref(), Some(PINNED));
+}
