@@ -27,6 +27,14 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
     $sudo apt-get install -y -qq nginx >/dev/null
 fi
 
+# tests/tests/registry.rs runs Debian's docker-registry (a throwaway process) with htpasswd auth.
+if ! command -v docker-registry >/dev/null 2>&1 || ! command -v htpasswd >/dev/null 2>&1; then
+    echo "tests/run.sh: installing docker-registry and apache2-utils (for the registry test)"
+    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq docker-registry apache2-utils >/dev/null
+fi
+
 # rustls runs on ring only: aws-lc-sys must not be anywhere in the graph (docs: crates.md §3).
 if cargo tree --workspace -i aws-lc-sys >/dev/null 2>&1; then
     echo "tests/run.sh: aws-lc-sys is in the dependency graph; use rustls' ring provider only:" >&2
