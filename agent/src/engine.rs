@@ -8,6 +8,7 @@ pub mod registry;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// What to run. The agent builds this from a job's lease or from the replica template.
@@ -102,6 +103,10 @@ pub struct ImageInfo {
     /// `repo@sha256:...`, one per registry repository the image was pulled from or pushed
     /// to; empty for an image built or loaded on this host.
     pub repo_digests: Vec<String>,
+    /// When it was created, in seconds since the epoch (listings only; 0 when unknown).
+    pub created: i64,
+    /// Whether a container, running or not, uses it (listings only).
+    pub in_use: bool,
 }
 
 impl ImageInfo {
@@ -158,6 +163,15 @@ pub trait Engine: Send + Sync + 'static {
         image: &str,
         auth: Option<&registry::RegistryAuth>,
     ) -> impl Future<Output = Result<ImageInfo, EngineError>> + Send;
+
+    /// Every image on the host, with when it was created and whether a container uses it.
+    fn images(&self) -> impl Future<Output = Result<Vec<ImageInfo>, EngineError>> + Send;
+
+    /// Removes the image `id`, unless a container uses it (then nothing happens).
+    fn remove_image(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+
+    /// The directory where the engine keeps its images (Docker's data root), when it says.
+    fn data_root(&self) -> impl Future<Output = Result<Option<PathBuf>, EngineError>> + Send;
 
     /// Sends `signal` (e.g. `SIGTERM`) to the container's main process.
     fn signal(

@@ -79,6 +79,11 @@ pub struct Reconciler<E, G, S> {
     /// A job image's reference pinned to its registry digest (`repo@sha256:...`), learnt
     /// from the engine when the image is found or pulled: what the job's container runs.
     pinned: HashMap<String, String>,
+    /// The ids of the job images this agent pulled: what it may remove when the engine's
+    /// disk runs low (an image it did not pull is someone else's).
+    pulled: HashSet<String>,
+    /// The ids of the images that leases waiting to start need, this round: kept.
+    wanted: HashSet<String>,
     host: Arc<dyn Host>,
 }
 
@@ -112,6 +117,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             origin: Instant::now(),
             outputs: HashMap::new(),
             pinned: HashMap::new(),
+            pulled: HashSet::new(),
+            wanted: HashSet::new(),
             host: Arc::new(SysinfoHost::new()),
         }
     }
@@ -468,9 +475,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     /// when a registry knows them.
     async fn missing_images(&mut self, images: &[String]) -> Result<BTreeSet<String>, EngineError> {
         let mut missing = BTreeSet::new();
+        self.wanted.clear();
         for image in images {
             match self.engine.image(image).await? {
-                Some(info) => self.pin(image, &info),
+                Some(info) => {
+                    self.pin(image, &info);
+                    self.wanted.insert(info.id);
+                }
                 None => {
                     missing.insert(image.clone());
                 }
@@ -490,6 +501,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     /// fails to start, with the registry and its reason, and the node's other leases go on.
     async fn pull_for(&mut self, image: &str, leases: &[LeaseGrant]) -> Result<(), ReconcileError> {
         let t = Instant::now();
+        self.free_image_space().await;
         let pulled = match self.cfg.registry.auth_for(image) {
             Ok(auth) => self.engine.pull(image, auth.as_ref()).await,
             Err(e) => Err(EngineError::PullFailed {
@@ -501,6 +513,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         match pulled {
             Ok(info) => {
                 self.pin(image, &info);
+                self.pulled.insert(info.id);
                 self.shared
                     .record_phase(SequenceKind::Drain, "pull_image", t);
                 Ok(())
@@ -518,6 +531,63 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 Ok(())
             }
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// While the engine's data root has less free space than `image_min_free_bytes`,
+    /// removes the job images this agent pulled that no container uses and no waiting lease
+    /// needs, oldest first; never the replica's. Failures are logged: a pull goes on anyway.
+    async fn free_image_space(&mut self) {
+        let Some(floor) = self.cfg.registry.image_min_free_bytes else {
+            return;
+        };
+        let root = match self.engine.data_root().await {
+            Ok(Some(root)) => root,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(node = %self.node(), error = %e, "cannot find the engine's data root");
+                return;
+            }
+        };
+        let free = |host: &dyn Host| host.facts(&root).checkpoint_volume_free_bytes;
+        if free(&*self.host).is_none_or(|f| f >= floor) {
+            return;
+        }
+        let replica = match self.engine.image(&self.cfg.replica.image).await {
+            Ok(found) => found.map(|i| i.id),
+            Err(_) => return,
+        };
+        let mut old = match self.engine.images().await {
+            Ok(images) => images,
+            Err(e) => {
+                tracing::warn!(node = %self.node(), error = %e, "cannot list images");
+                return;
+            }
+        };
+        old.retain(|i| {
+            self.pulled.contains(&i.id)
+                && !i.in_use
+                && !self.wanted.contains(&i.id)
+                && replica.as_ref() != Some(&i.id)
+        });
+        old.sort_by_key(|i| i.created);
+        for image in old {
+            let Some(left) = free(&*self.host).filter(|f| *f < floor) else {
+                break;
+            };
+            match self.engine.remove_image(&image.id).await {
+                Ok(()) => {
+                    tracing::info!(
+                        node = %self.node(), image.id = %image.id, digests = ?image.repo_digests,
+                        free_bytes = left, floor_bytes = floor,
+                        "removed an unused job image: the engine's disk is low"
+                    );
+                    self.pulled.remove(&image.id);
+                }
+                Err(e) => {
+                    tracing::warn!(node = %self.node(), image.id = %image.id, error = %e, "removing an unused job image failed")
+                }
+            }
         }
     }
 

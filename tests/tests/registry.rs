@@ -260,6 +260,9 @@ async fn jobs_pull_from_a_registry_pin_the_digest_and_name_a_refusing_registry()
     write_auth(&auth, &host, PASSWORD);
     let mut cfg = agent_config(&coordinator.url, &node, &dir.path().join("work"), 2);
     cfg.registry.auth_file = Some(PathBuf::from(&auth));
+    // Every pull finds the disk "low": the job images the agent pulled and no container uses
+    // go first (the replica's and the test's own images are never among them).
+    cfg.registry.image_min_free_bytes = Some(u64::MAX);
     let (_agent, _) = start_agent_with(cfg, Arc::new(FakeGpus::new(&node, 2))).await;
 
     // The agent pulls it with its credentials; the step's job is pinned to the digest.
@@ -296,8 +299,8 @@ async fn jobs_pull_from_a_registry_pin_the_digest_and_name_a_refusing_registry()
     assert_eq!(client.job(again.jobs[0]).await.unwrap().spec.image, pinned);
 
     // A wrong password: the job fails naming the registry, and the node runs the next job.
+    // The engine holds the first image again (the rerun pulled it by digest), not the tag.
     write_auth(&auth, &host, "not-the-password");
-    remove_images(&images.0);
     let mut refused = nightshift_common::JobSpec::new("refused", &tag, 1);
     refused.command = vec!["true".into()];
     let refused = client.submit(&refused).await.unwrap().id;
@@ -307,6 +310,17 @@ async fn jobs_pull_from_a_registry_pin_the_digest_and_name_a_refusing_registry()
     })
     .await;
     assert_eq!(failed.state, JobState::Failed, "{failed:?}");
+    // Before that pull the disk was "low": the agent removed the image it had pulled.
+    let kept = Command::new("docker")
+        .args(["image", "inspect", &first])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        !kept.success(),
+        "the unused pulled image {first} was removed"
+    );
     let message = failed.message.unwrap_or_default();
     assert!(
         message.contains(&format!("registry {host}")),

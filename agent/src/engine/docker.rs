@@ -18,8 +18,9 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
-    KillContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
-    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, ListImagesOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder, RemoveImageOptionsBuilder,
+    StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures_util::{StreamExt, TryStreamExt};
 
@@ -194,6 +195,7 @@ impl Engine for DockerEngine {
             Ok(found) => Ok(Some(ImageInfo {
                 id: found.id.unwrap_or_default(),
                 repo_digests: found.repo_digests.unwrap_or_default(),
+                ..ImageInfo::default()
             })),
             Err(err) if is_not_found(&err) => Ok(None),
             Err(err) => Err(engine_error(image, err)),
@@ -259,6 +261,53 @@ impl Engine for DockerEngine {
             layers = progress.layers.len(), elapsed_s = began.elapsed().as_secs_f64(), "image pulled"
         );
         Ok(pulled)
+    }
+
+    async fn images(&self) -> Result<Vec<ImageInfo>, EngineError> {
+        let used: std::collections::HashSet<String> = self
+            .docker
+            .list_containers(Some(ListContainersOptionsBuilder::new().all(true).build()))
+            .await
+            .map_err(|err| engine_error("images", err))?
+            .into_iter()
+            .filter_map(|c| c.image_id)
+            .collect();
+        let images = self
+            .docker
+            .list_images(Some(ListImagesOptionsBuilder::new().build()))
+            .await
+            .map_err(|err| engine_error("images", err))?;
+        Ok(images
+            .into_iter()
+            .map(|i| ImageInfo {
+                in_use: used.contains(&i.id),
+                id: i.id,
+                repo_digests: i.repo_digests,
+                created: i.created,
+            })
+            .collect())
+    }
+
+    async fn remove_image(&self, id: &str) -> Result<(), EngineError> {
+        let options = RemoveImageOptionsBuilder::new().force(false).build();
+        match self.docker.remove_image(id, Some(options), None).await {
+            Ok(_) => Ok(()),
+            // Gone already, or a container uses it (409): nothing to do.
+            Err(DockerError::DockerResponseServerError {
+                status_code: 404 | 409,
+                ..
+            }) => Ok(()),
+            Err(err) => Err(engine_error(id, err)),
+        }
+    }
+
+    async fn data_root(&self) -> Result<Option<std::path::PathBuf>, EngineError> {
+        let info = self
+            .docker
+            .info()
+            .await
+            .map_err(|err| engine_error("info", err))?;
+        Ok(info.docker_root_dir.map(Into::into))
     }
 
     async fn inspect(&self, id: &str) -> Result<Container, EngineError> {

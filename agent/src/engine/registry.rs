@@ -18,6 +18,10 @@ pub struct RegistryConfig {
     /// Credentials per registry, in Docker's `config.json` format; none when unset (public
     /// images, or registries that ask for none).
     pub auth_file: Option<PathBuf>,
+    /// Before a pull, while the file system of the engine's data root has less than this
+    /// free, job images this agent pulled that no container uses are removed, oldest first
+    /// (never the replica's image). Unset: nothing is removed.
+    pub image_min_free_bytes: Option<u64>,
 }
 
 /// The credentials for one registry.
@@ -213,6 +217,7 @@ mod tests {
         let guard = tempfile_path::write(text);
         let cfg = RegistryConfig {
             auth_file: Some(guard.0.clone()),
+            ..RegistryConfig::default()
         };
         (guard, cfg)
     }

@@ -37,6 +37,9 @@ pub enum EngineCall {
     Remove {
         id: String,
     },
+    RemoveImage {
+        id: String,
+    },
 }
 
 /// The [`Engine`] port of a [`super::FakeNode`].
@@ -103,18 +106,68 @@ impl Engine for FakeEngine {
             return Err(failed("unauthorized: authentication required"));
         }
         let pinned = remote.pinned.clone();
+        w.clock += 1;
         let info = ImageInfo {
             id: format!(
                 "sha256:fake-{}",
                 pinned.split_once('@').map_or("", |(_, d)| d)
             ),
             repo_digests: vec![pinned.clone()],
+            created: w.clock,
+            in_use: false,
         };
         w.missing_images.remove(image);
         w.pinned.insert(pinned.clone(), remote.tag.clone());
         w.images.insert(image.to_owned(), info.clone());
         w.images.insert(pinned, info.clone());
         Ok(info)
+    }
+
+    async fn images(&self) -> Result<Vec<ImageInfo>, EngineError> {
+        let w = lock(&self.world);
+        let used: Vec<&str> = w
+            .containers
+            .values()
+            .filter_map(|c| c.container.image_id.as_deref())
+            .collect();
+        let mut out: Vec<ImageInfo> = Vec::new();
+        for info in w.images.values() {
+            if !out.iter().any(|o| o.id == info.id) {
+                out.push(ImageInfo {
+                    in_use: used.contains(&info.id.as_str()),
+                    ..info.clone()
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn remove_image(&self, id: &str) -> Result<(), EngineError> {
+        let mut w = lock(&self.world);
+        w.settle();
+        if w.containers
+            .values()
+            .any(|c| c.container.image_id.as_deref() == Some(id))
+        {
+            return Ok(());
+        }
+        w.engine_calls
+            .push(EngineCall::RemoveImage { id: id.to_owned() });
+        let names: Vec<String> = w
+            .images
+            .iter()
+            .filter(|(_, i)| i.id == id)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            w.images.remove(&name);
+            w.missing_images.insert(name);
+        }
+        Ok(())
+    }
+
+    async fn data_root(&self) -> Result<Option<std::path::PathBuf>, EngineError> {
+        Ok(Some("/var/lib/docker".into()))
     }
 
     async fn inspect(&self, id: &str) -> Result<Container, EngineError> {

@@ -187,6 +187,8 @@ struct World {
     registry: BTreeMap<String, RemoteImage>,
     /// How long a pull takes.
     pull_takes: Duration,
+    /// Counts pulls: a pulled image's creation time, so that the first pulled is the oldest.
+    clock: i64,
     refused_images: BTreeMap<String, String>,
     behaviours: BTreeMap<String, Behaviour>,
     /// How long the driver takes to show a GPU's memory free after its container ended.
@@ -218,7 +220,7 @@ impl World {
         }
         (!self.missing_images.contains(image) && !image.contains('@')).then(|| ImageInfo {
             id: format!("sha256:fake-{image}"),
-            repo_digests: Vec::new(),
+            ..ImageInfo::default()
         })
     }
 
@@ -289,6 +291,7 @@ impl FakeNode {
             pinned: BTreeMap::new(),
             registry: BTreeMap::new(),
             pull_takes: Duration::from_secs(1),
+            clock: 0,
             refused_images: BTreeMap::new(),
             behaviours: BTreeMap::new(),
             frees_after: Duration::from_secs(2),

@@ -882,3 +882,52 @@ async fn a_moved_tag_never_changes_a_pinned_attempt() {
     let images: Vec<String> = rig.jobs().into_iter().map(|c| c.image).collect();
     assert!(images.iter().all(|i| i == &pinned), "{images:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_low_disk_removes_unused_pulled_job_images_oldest_first_never_the_replicas() {
+    let mut rig = rig(|c| c.registry.image_min_free_bytes = Some(2 * GIB));
+    rig.host.set(HostFacts {
+        checkpoint_volume_free_bytes: Some(3 * GIB / 2),
+        ..HostFacts::default()
+    });
+    rig.serving().await;
+    let (a, b) = (REGISTRY_IMAGE, "127.0.0.1:5000/team/eval:2");
+    rig.node.publish(a, "sha256:aaa", None);
+    rig.node.publish(b, "sha256:bbb", None);
+    rig.node.behave(
+        a,
+        Behaviour {
+            exits_after: Some((Duration::from_secs(1), 0)),
+            ..Behaviour::default()
+        },
+    );
+    rig.tell(lend(2, vec![pulled_lease(1, 1, vec![0], a)]))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.tell(serve(3)).await;
+    assert!(rig.jobs().is_empty(), "the finished job is removed");
+    let removed = |rig: &Rig| -> Vec<String> {
+        rig.node
+            .engine_calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                EngineCall::RemoveImage { id } => Some(id),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(
+        removed(&rig).is_empty(),
+        "nothing pulled yet asks for space"
+    );
+
+    rig.tell(lend(4, vec![pulled_lease(2, 2, vec![1], b)]))
+        .await;
+    assert_eq!(removed(&rig), ["sha256:fake-sha256:aaa"]);
+    assert_eq!(rig.run_state(2), Some(JobRunState::Running));
+    // The image in use and the replica's stay, however low the disk.
+    rig.tell(lend(5, vec![pulled_lease(3, 3, vec![2], a)]))
+        .await;
+    assert_eq!(removed(&rig).len(), 1, "{:?}", removed(&rig));
+    assert_eq!(rig.run_state(3), Some(JobRunState::Running));
+}
