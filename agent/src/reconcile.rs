@@ -24,7 +24,7 @@ use nightshift_planner::{
 use tokio::time::Instant;
 
 use crate::config::AgentConfig;
-use crate::engine::{Container, ContainerState, Engine, EngineError};
+use crate::engine::{Container, ContainerState, Engine, EngineError, ImageInfo};
 use crate::gpus::{GpuError, Gpus};
 use crate::host::Host;
 use crate::host::sysinfo::SysinfoHost;
@@ -82,6 +82,14 @@ pub struct Reconciler<E, G, S> {
     /// The ids of the job images this agent pulled: what it may remove when the engine's
     /// disk runs low (an image it did not pull is someone else's).
     pulled: HashSet<String>,
+    /// Pulls under way, by image, with when each began.
+    pulls: HashMap<
+        String,
+        (
+            Instant,
+            tokio::task::JoinHandle<Result<ImageInfo, EngineError>>,
+        ),
+    >,
     /// The ids of the images that leases waiting to start need, this round: kept.
     wanted: HashSet<String>,
     host: Arc<dyn Host>,
@@ -118,6 +126,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             outputs: HashMap::new(),
             pinned: HashMap::new(),
             pulled: HashSet::new(),
+            pulls: HashMap::new(),
             wanted: HashSet::new(),
             host: Arc::new(SysinfoHost::new()),
         }
@@ -182,6 +191,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             }
             // The host's facts only while a job waits to start: reading them also restarts
             // the CPU-use window that heartbeats report.
+            self.reap_pulls(&leases, &obs.containers).await;
             let waiting: Vec<String> =
                 nightshift_planner::unstarted(&leases, &obs.containers, &self.mem)
                     .iter()
@@ -379,7 +389,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 }
                 Step::StartReplica => self.start_replica().await?,
                 Step::StartJobs(leases) => self.start_jobs(&leases).await?,
-                Step::Pull { image, leases } => self.pull_for(&image, &leases).await?,
+                Step::Pull { image, .. } => {
+                    self.start_pull(&image).await;
+                    return Ok(true);
+                }
                 Step::FailStart { lease, message } => {
                     tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
                     self.mem
@@ -497,40 +510,76 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         };
     }
 
-    /// Pulls `image` while the replica still serves; when that fails, each of `leases`
-    /// fails to start, with the registry and its reason, and the node's other leases go on.
-    async fn pull_for(&mut self, image: &str, leases: &[LeaseGrant]) -> Result<(), ReconcileError> {
-        let t = Instant::now();
+    /// Starts pulling `image` in the background, unless that is under way: the replica
+    /// serves meanwhile, and the pass goes on planning (a new desired state is acted on at
+    /// once), looking again a poll later. See [`Reconciler::reap_pulls`].
+    async fn start_pull(&mut self, image: &str) {
+        if self.pulls.contains_key(image) {
+            return;
+        }
         self.free_image_space().await;
-        let pulled = match self.cfg.registry.auth_for(image) {
-            Ok(auth) => self.engine.pull(image, auth.as_ref()).await,
-            Err(e) => Err(EngineError::PullFailed {
-                image: image.to_owned(),
-                registry: crate::engine::registry::registry_of(image),
-                reason: format!("reading the registry credentials: {e}"),
-            }),
-        };
-        match pulled {
-            Ok(info) => {
-                self.pin(image, &info);
-                self.pulled.insert(info.id);
-                self.shared
-                    .record_phase(SequenceKind::Drain, "pull_image", t);
-                Ok(())
+        let engine = self.engine.clone();
+        let auth = self.cfg.registry.auth_for(image);
+        let owned = image.to_owned();
+        let task = tokio::spawn(async move {
+            match auth {
+                Ok(auth) => engine.pull(&owned, auth.as_ref()).await,
+                Err(e) => Err(EngineError::PullFailed {
+                    registry: crate::engine::registry::registry_of(&owned),
+                    image: owned,
+                    reason: format!("reading the registry credentials: {e}"),
+                }),
             }
-            Err(e @ EngineError::PullFailed { .. }) => {
-                for lease in leases {
-                    tracing::warn!(
-                        node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
-                        error = %e, "job cannot start"
-                    );
-                    self.mem
-                        .start_failures
-                        .insert(lease.lease_id, StartFailure::new(lease, e.to_string()));
+        });
+        self.pulls.insert(image.to_owned(), (Instant::now(), task));
+    }
+
+    /// Takes in the pulls that ended: a pulled image is pinned and recorded (`pull_image`);
+    /// when the registry would not give it, each of `leases` waiting for it fails to start,
+    /// with the registry and its reason, and the node's other leases go on. A pull the engine
+    /// could not even try is tried again.
+    async fn reap_pulls(&mut self, leases: &[LeaseGrant], containers: &[Container]) {
+        let done: Vec<String> = self
+            .pulls
+            .iter()
+            .filter(|(_, (_, task))| task.is_finished())
+            .map(|(image, _)| image.clone())
+            .collect();
+        for image in done {
+            let Some((began, task)) = self.pulls.remove(&image) else {
+                continue;
+            };
+            let result = task
+                .await
+                .unwrap_or_else(|e| Err(EngineError::Other(format!("the pull of {image}: {e}"))));
+            match result {
+                Ok(info) => {
+                    self.pin(&image, &info);
+                    self.pulled.insert(info.id);
+                    self.shared
+                        .record_phase(SequenceKind::Drain, "pull_image", began);
                 }
-                Ok(())
+                Err(e @ EngineError::PullFailed { .. }) => {
+                    let waiting = nightshift_planner::unstarted(leases, containers, &self.mem);
+                    let failed: Vec<LeaseGrant> = waiting
+                        .into_iter()
+                        .filter(|l| l.job.image == image)
+                        .cloned()
+                        .collect();
+                    for lease in failed {
+                        tracing::warn!(
+                            node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+                            error = %e, "job cannot start"
+                        );
+                        self.mem
+                            .start_failures
+                            .insert(lease.lease_id, StartFailure::new(&lease, e.to_string()));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(node = %self.node(), image, error = %e, "pulling an image failed; trying again");
+                }
             }
-            Err(e) => Err(e.into()),
         }
     }
 

@@ -237,7 +237,8 @@ pub enum Step {
     /// records `start_jobs`.
     StartJobs(Vec<LeaseGrant>),
     /// Pulls `image`, which these leases' jobs need, while the replica (if any) still
-    /// serves. When the pull fails, each lease fails to start with the engine's reason.
+    /// serves: the executor starts the pull in the background (once) and looks again a poll
+    /// later. When the pull fails, each lease fails to start with the registry's reason.
     Pull {
         image: String,
         leases: Vec<LeaseGrant>,

@@ -931,3 +931,35 @@ async fn a_low_disk_removes_unused_pulled_job_images_oldest_first_never_the_repl
     assert_eq!(removed(&rig).len(), 1, "{:?}", removed(&rig));
     assert_eq!(rig.run_state(3), Some(JobRunState::Running));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_long_pull_holds_up_nothing_and_the_node_serves_throughout() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    rig.node.publish(REGISTRY_IMAGE, "sha256:aaa", None);
+    rig.node.set_pull_takes(Duration::from_secs(600));
+    rig.shared.offer_desired(lend(
+        2,
+        vec![pulled_lease(1, 1, vec![0, 1], REGISTRY_IMAGE)],
+    ));
+    rig.shared.contact();
+    let shared = rig.shared.clone();
+    // Mid-pull, the lease is taken back: the pass acts on it at once rather than after the
+    // pull, and the replica never stopped serving.
+    let taken_back = async move {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(shared.ready(), "serving during the pull");
+        assert_eq!(shared.observed().replica(), ReplicaState::Serving);
+        shared.offer_desired(serve(3));
+    };
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(rig.r.pass(), taken_back);
+    result.expect("pass");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the pass did not wait out the pull: {:?}",
+        started.elapsed()
+    );
+    assert!(rig.shared.ready());
+    assert!(rig.jobs().is_empty());
+}
