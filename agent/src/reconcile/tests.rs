@@ -963,3 +963,21 @@ async fn a_long_pull_holds_up_nothing_and_the_node_serves_throughout() {
     assert!(rig.shared.ready());
     assert!(rig.jobs().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_replicas_image_is_pulled_when_the_host_lacks_it() {
+    let mut rig = rig(|_| {});
+    rig.node.publish("vllm:fake", "sha256:vvv", None);
+    rig.serving().await;
+    let calls = rig.node.engine_calls();
+    let pulled = call_at(
+        &calls,
+        |c| matches!(c, EngineCall::Pull { image, .. } if image == "vllm:fake"),
+    );
+    let ran = call_at(
+        &calls,
+        |c| matches!(c, EngineCall::Run { image, .. } if image == "vllm:fake"),
+    );
+    assert!(pulled.is_some() && pulled < ran, "{calls:?}");
+    assert_eq!(rig.replicas().len(), 1);
+}
