@@ -217,16 +217,21 @@ async fn a_restarted_agents_phases_still_reach_the_coordinator() {
     init_tracing();
     require_images();
     let mut one = OneNode::start("phases", 2).await;
-    // The first agent brings the replica up: its reclaim phases reach the coordinator.
-    let first = wait_for("the first agent's phases", STARTUP, || {
+    // The first agent brings the replica up: its reclaim phases reach the coordinator, up to
+    // the replica answering its health check.
+    let first = wait_for("the first agent's phases", STARTUP, || async {
         phases_since(&one.client, &one.node, 0)
+            .await
+            .filter(|p| p.iter().any(|p| p.phase == "wait_health"))
     })
     .await;
     let before = first.iter().map(|p| p.seq).max().unwrap();
 
     // The agent restarts: a new process with the same node, work directory and replica. It
-    // adopts the running replica and records waiting for its health: a phase the new
-    // process numbers from 1 again, which the coordinator must keep all the same.
+    // adopts the serving replica, which then dies: the new process brings it back and records
+    // the phases of that reclaim, numbered from 1 again by the new process, which the
+    // coordinator must keep all the same. (Killing the replica makes the phase certain; an
+    // adopted replica that is already healthy records none.)
     let cfg = agent_config(
         &one.coordinator.url,
         &one.node,
@@ -237,6 +242,16 @@ async fn a_restarted_agents_phases_still_reach_the_coordinator() {
     old.stop();
     let restarted_at = nightshift_agent::state::now_ms();
     one.agent = start_agent(cfg, 2).await.0;
+    let replica = format!("nightshift-replica-{}", one.node);
+    let killed = std::process::Command::new("docker")
+        .args(["kill", &replica])
+        .output()
+        .expect("docker kill");
+    assert!(
+        killed.status.success(),
+        "docker kill {replica}: {}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
     let after = wait_for("a phase after the restart", STARTUP, || {
         phases_since(&one.client, &one.node, restarted_at)
     })
