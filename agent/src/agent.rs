@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nightshift_common::{Heartbeat, RegisterRequest, ReplicaState, ReplicaStatus, ServingSignals};
+use nightshift_common::{
+    CheckpointStorage, Heartbeat, RegisterRequest, ReplicaState, ReplicaStatus, ServingSignals,
+};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -143,7 +145,11 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         shared.clone(),
         gpus.clone(),
         serving.clone(),
-        (host.clone(), cfg.work_dir.clone()),
+        (
+            host.clone(),
+            cfg.checkpoint_root().to_owned(),
+            cfg.checkpoints.storage,
+        ),
     ));
     tasks.spawn(long_poll(uplink, shared.clone()));
     let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone()).with_host(host);
@@ -201,7 +207,7 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
     shared: Arc<Shared>,
     gpus: Arc<G>,
     serving: Arc<S>,
-    (host, volume): (Arc<dyn Host>, PathBuf),
+    (host, volume, storage): (Arc<dyn Host>, PathBuf, CheckpointStorage),
 ) {
     let mut interval = register(&uplink, &req).await;
     loop {
@@ -212,7 +218,11 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
             req.address.as_deref(),
         )
         .await;
-        beat.host = Some(host.facts(&volume));
+        // The checkpoint volume's free space, and whether every host sees it (the
+        // coordinator then places the job's next attempt anywhere).
+        let mut facts = host.facts(&volume);
+        facts.checkpoint_storage = storage;
+        beat.host = Some(facts);
         beat.agent_url = req.agent_url.clone();
         // The coordinator renews this node's leases when it receives the heartbeat, after
         // it was sent: counting the fail-safe's silence from the sending keeps the agent's
