@@ -56,6 +56,8 @@ pub struct AgentConfig {
     /// less than this free; the lease is reported as failed to start, with the figures.
     pub checkpoint_min_free_bytes: u64,
     pub gpus: GpuConfig,
+    /// The container engine the agent drives.
+    pub engine: EngineConfig,
     pub replica: ReplicaConfig,
     /// Mutual TLS with the coordinator (an `https://` coordinator needs it).
     pub tls: crate::tls::AgentTlsConfig,
@@ -110,6 +112,23 @@ pub struct GpuConfig {
     pub fake: Option<u32>,
     /// The NVML library to load; `libnvidia-ml.so.1` from the loader's path when unset.
     pub nvml_library: Option<PathBuf>,
+}
+
+/// The container engine (Docker) the agent drives.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// The Docker daemon's socket, `unix:///PATH`; when unset, `DOCKER_HOST` when it is a
+    /// `unix://` address, else `unix:///var/run/docker.sock` (see [`EngineConfig::host`]).
+    pub docker_host: Option<String>,
+}
+
+impl EngineConfig {
+    /// The socket to connect to, `None` meaning Docker's usual places (`DOCKER_HOST`, then
+    /// the default socket).
+    pub fn host(&self) -> Option<&str> {
+        self.docker_host.as_deref()
+    }
 }
 
 /// The vLLM container this node serves with.
@@ -197,6 +216,7 @@ impl Default for AgentConfig {
             health_timeout_s: 900.0,
             checkpoint_min_free_bytes: 1 << 30,
             gpus: GpuConfig::default(),
+            engine: EngineConfig::default(),
             replica: ReplicaConfig::default(),
             tls: crate::tls::AgentTlsConfig::default(),
             failsafe: FailsafeConfig::default(),
@@ -340,6 +360,20 @@ impl AgentConfig {
                 key: "registry.auth_file",
                 rule: e.to_string(),
             });
+        }
+        if let Some(host) = &self.engine.docker_host {
+            match host.strip_prefix("unix://") {
+                Some(path) if path.starts_with('/') && path.len() > 1 => {}
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        key: "engine.docker_host",
+                        rule: format!(
+                            "{host:?} is not a unix:///PATH address (the agent drives the \
+                             docker daemon of its own host, through its socket)"
+                        ),
+                    });
+                }
+            }
         }
         if !matches!(self.replica.sleep_level, 1 | 2) {
             return invalid("replica.sleep_level", "must be 1 or 2");
@@ -613,6 +647,50 @@ mod tests {
         );
         let e = err("[checkpoints]\nstorage = \"s3\"\n");
         assert!(e.contains("line 2") && e.contains("s3"), "{e}");
+    }
+
+    #[test]
+    fn the_docker_socket_is_named_in_the_engine_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "node = \"n\"\n").unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.engine.host(), None);
+        std::fs::write(
+            &path,
+            "node = \"n\"\n[engine]\ndocker_host = \"unix:///run/user/1000/docker.sock\"\n",
+        )
+        .unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.engine.host(), Some("unix:///run/user/1000/docker.sock"));
+
+        let file = path.display();
+        for bad in [
+            "tcp://10.0.0.1:2375",
+            "/run/docker.sock",
+            "unix://",
+            "unix://run/d.sock",
+        ] {
+            std::fs::write(
+                &path,
+                format!("node = \"n\"\n[engine]\ndocker_host = {bad:?}\n"),
+            )
+            .unwrap();
+            let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "{file}: line 3: engine.docker_host: {bad:?} is not a unix:///PATH address \
+                     (the agent drives the docker daemon of its own host, through its socket)"
+                )
+            );
+        }
+        std::fs::write(&path, "[engine]\ndocker_hots = \"unix:///d.sock\"\n").unwrap();
+        let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2") && err.contains("docker_hots"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -115,7 +115,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             cfg.validate()?;
             let node = cfg.node_name();
             let gpus = HostGpus::open(&node, cfg.gpus.fake, cfg.gpus.nvml_library.as_deref())?;
-            let engine = DockerEngine::connect().await?;
+            let engine = DockerEngine::connect_to(cfg.engine.host()).await?;
             let serving = HttpServing::new()?;
             let listener = tokio::net::TcpListener::bind(cfg.readiness_listen)
                 .await
@@ -141,8 +141,11 @@ async fn probe(cfg: &AgentConfig, vllm_url: Option<String>) -> anyhow::Result<se
     let gpus = HostGpus::open(&node, cfg.gpus.fake, cfg.gpus.nvml_library.as_deref())
         .map_err(|e| e.to_string());
     let gpus = probe::gpus_part(gpus);
-    let engine = DockerEngine::connect().await.map_err(|e| e.to_string());
-    let (docker, containers) = probe::engine_part(engine, &node).await;
+    let engine = DockerEngine::connect_to(cfg.engine.host())
+        .await
+        .map_err(|e| e.to_string());
+    let (mut docker, containers) = probe::engine_part(engine, &node).await;
+    docker["socket"] = DockerEngine::socket(cfg.engine.host()).into();
     let url = vllm_url.or_else(|| {
         (cfg.replica.host_port != 0).then(|| format!("http://127.0.0.1:{}", cfg.replica.host_port))
     });

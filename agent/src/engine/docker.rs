@@ -9,7 +9,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use bollard::Docker;
 use bollard::auth::DockerCredentials;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
@@ -22,6 +21,7 @@ use bollard::query_parameters::{
     LogsOptionsBuilder, RemoveContainerOptionsBuilder, RemoveImageOptionsBuilder,
     StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
+use bollard::{API_DEFAULT_VERSION, Docker};
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::registry::{RegistryAuth, registry_of};
@@ -32,6 +32,9 @@ use super::{
 
 /// Where bollard looks when `DOCKER_HOST` names no unix socket.
 const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
+
+/// bollard's own request timeout for a local socket, in seconds.
+const CONNECT_TIMEOUT_S: u64 = 120;
 
 /// How long a `stop` request may outlast its grace period before the client gives up: Docker
 /// answers only once the container has exited, after the kill that follows the grace period.
@@ -50,7 +53,13 @@ impl DockerEngine {
     /// Connects to the local daemon (`DOCKER_HOST` when it is a `unix://` address, else
     /// `/var/run/docker.sock`) and settles on the highest API version both sides speak.
     pub async fn connect() -> Result<Self, EngineError> {
-        let socket = socket_address();
+        Self::connect_to(None).await
+    }
+
+    /// Connects to the daemon at `host` (a `unix://` address, `[engine] docker_host` of
+    /// agent.toml), or where [`DockerEngine::connect`] looks when it is `None`.
+    pub async fn connect_to(host: Option<&str>) -> Result<Self, EngineError> {
+        let socket = Self::socket(host);
         let unreachable = |err: DockerError| {
             // bollard's own text ("client error (Connect)") hides why: name every cause, so
             // that "permission denied" or "no such file" reaches the operator.
@@ -60,13 +69,18 @@ impl DockerEngine {
                  (is dockerd running, and may this user open its socket?)"
             ))
         };
-        let docker = Docker::connect_with_local_defaults()
+        let docker = Docker::connect_with_unix(&socket, CONNECT_TIMEOUT_S, API_DEFAULT_VERSION)
             .map_err(unreachable)?
             .negotiate_version()
             .await
             .map_err(unreachable)?;
         tracing::info!(socket = %socket, api = %docker.client_version(), "connected to docker");
         Ok(Self { docker })
+    }
+
+    /// The socket [`DockerEngine::connect_to`] dials for `host`.
+    pub fn socket(host: Option<&str>) -> String {
+        host.map_or_else(socket_address, str::to_owned)
     }
 
     /// The container named `name`, if there is one.
