@@ -62,3 +62,17 @@ nsc_rig_pids() {
     [[ $self == *" $p "* ]] || echo "$p"
   done
 }
+
+# What a rig left behind, one line per thing (nothing when nothing is left): namespaces, links,
+# addresses, processes, shims, mounts, cgroup directories, /etc/netns entries, the state
+# directory. selftest.sh checks each of these one by one; scenarios.sh after each down.sh.
+nsc_leftovers() {
+  ip netns list 2>/dev/null | grep -E '^nsc-' | sed 's/^/namespace /'
+  ip -br link 2>/dev/null | grep "^$NSC_ROOT_VETH" | sed 's/^/link /'
+  ip -br addr 2>/dev/null | grep "$NSC_GW/" | sed 's/^/address /'
+  nsc_rig_pids | sed 's/^/process /'
+  findmnt -rn -o TARGET | grep -E "^($NSC_STATE|/run/netns/nsc-)" | sed 's/^/mount /'
+  find /sys/fs/cgroup /sys/fs/cgroup/* -maxdepth 1 -name 'nsc-gpu*' 2>/dev/null | sed 's/^/cgroup /'
+  find /etc/netns -maxdepth 1 -name 'nsc-*' 2>/dev/null | sed 's/^/netns-etc /'
+  [ ! -e "$NSC_STATE" ] || echo "state $NSC_STATE"
+}

@@ -154,7 +154,7 @@ if [[ $id =~ ^[0-9]+$ ]]; then
   if [[ $ran_on =~ ^[0-9]+$ ]]; then
     ok "job $id ran on gpu$ran_on (its work directory)"
     died=$(nsc_docker "$ran_on" events --since 10m --until "$(date +%s)" \
-      --filter "image=$NSC_REGISTRY/$NSC_TRAINER_IMAGE" --filter event=die \
+      --filter "container=nightshift-job-gpu$ran_on-$id-1" --filter event=die \
       --format '{{.Actor.Attributes.name}} exit {{.Actor.Attributes.exitCode}}' 2>&1)
     expect "gpu$ran_on's engine ran the job's container to exit 0" "nightshift-job-gpu$ran_on-$id-1 exit 0" "$died"
   else

@@ -14,7 +14,11 @@
 #               nightshift-agent (4 fake GPUs, the vLLM stand-in as replica), both started
 #               inside the namespace.
 #   registry    Debian's docker-registry with htpasswd (bcrypt) auth, holding the stand-in
-#               images, which every engine pulls from it.
+#               images, which the agents pull from it (no engine holds an image at up time),
+#               with the credentials of their [registry] auth_file, $NSC_STATE/registry-auth.json.
+#   checkpoints every agent keeps them in $NSC_STATE/shared/checkpoints ([checkpoints] storage
+#               = "shared"): the hosts share the machine's file system, so that one directory
+#               is at the same path on every host.
 #
 # The coordinator and the agents speak mutual TLS (the cluster CA of `nightshift-coordinator
 # tls init`, one certificate per node), and the API needs a token (an admin token is created).
@@ -212,17 +216,15 @@ for image in "${images[@]}"; do
   nsc_docker 1 push -q "$NSC_REGISTRY/$image" >/dev/null
   nsc_docker 1 rmi -f "$image" "$NSC_REGISTRY/$image" >/dev/null
 done
-# Every engine, gpu1's included, now pulls from the registry. The agent does not pull images
-# itself yet (a missing image is an error: "build or load it first"); issue 18 item 2 makes it
-# pull the replica's and each job's image. Until then the replica image and the stand-in job
-# images are pulled here, at up time.
-pull_pids=()
-for i in $(seq 1 "$N"); do
-  (for image in "${images[@]}"; do nsc_docker "$i" pull -q "$NSC_REGISTRY/$image" >/dev/null; done) &
-  pull_pids+=($!)
-done
-for p in "${pull_pids[@]}"; do wait "$p"; done
-nsc_log "images: pushed ${#images[@]} to $NSC_REGISTRY, pulled by $N engines in $(nsc_since "$t")s"
+# No engine holds an image now, gpu1's included: each agent pulls the replica's image and
+# every job's image itself, with the credentials of its [registry] auth_file, a Docker
+# config.json the rig writes here. Every host reads the same file.
+auth=$(printf '%s:%s' "$NSC_REGISTRY_USER" "$password" | base64 -w0)
+(umask 077 && printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$NSC_REGISTRY" "$auth" >"$NSC_STATE/registry-auth.json")
+# The shared checkpoint directory: the hosts share this machine's file system, so one plain
+# directory is "mounted at the same path on every host" (an NFS mount on a real cluster).
+mkdir -p "$NSC_STATE/shared/checkpoints"
+nsc_log "images: pushed ${#images[@]} to $NSC_REGISTRY in $(nsc_since "$t")s (the agents pull them)"
 
 # ------------------------------------------------------------------ coordinator
 t=$(nsc_now)
@@ -309,6 +311,13 @@ host_ip = "$addr"
 host_port = 8000
 shutdown_timeout_s = 10.0
 env = ["STANDIN_LOAD_DELAY_MS=500", "STANDIN_TOKEN_LATENCY_MS=10", "STANDIN_MAX_NUM_SEQS=16"]
+
+[registry]
+auth_file = "$NSC_STATE/registry-auth.json"
+
+[checkpoints]
+storage = "shared"
+shared_dir = "$NSC_STATE/shared/checkpoints"
 
 [tls]
 ca_file = "$dir/tls/ca.pem"

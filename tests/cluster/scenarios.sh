@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# tests/cluster/scenarios.sh: issue 18's scenarios on the cluster rig. Brings up a 3-host rig
+# (up.sh 3), runs each scenario with the CLI (target/debug/nightshift, env from $NSC_STATE/env)
+# and checks it against the hosts' own engines, tears the rig down (down.sh), and prints each
+# scenario's result and time, then "X passed, Y failed"; exits non-zero on any failure. Needs
+# root. docs/CLUSTER.md describes what each scenario shows.
+#
+#   pull      an image that only the registry holds (made there through its HTTP API, while no
+#             engine holds any toy-trainer image) runs on a host that never had it, which
+#             pulled it; `job show` shows it pinned to its registry digest
+#   badauth   with a wrong password in the agents' auth_file the job fails naming the
+#             registry; with the right one again the next job runs
+#   gang      a 2-node gang with TRAINER_RENDEZVOUS=1 meets across two hosts: rank 0 logs
+#             rank 1 joining from host B's address, rank 1 logs connecting to host A's
+#   follow    a job checkpointing every 10 steps is preempted on host A (a surge at the
+#             gateway takes A back); A's agent is then stopped, so the job runs on another
+#             host, and resumes there from the newest checkpoint of the shared directory
+#   clean     down.sh leaves nothing; a second up.sh 3 and down.sh leave nothing either
+# The scenarios are called through `scenario NAME FUNCTION`, which shellcheck cannot follow.
+# shellcheck disable=SC2317
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/cluster/lib.sh
+. "$HERE/lib.sh"
+nsc_require_root
+
+N=3
+LOG=${TMPDIR:-/tmp}/nsc-scenarios
+RESULTS=()
+PASS=0
+FAIL=0
+
+say() { echo "  $*"; }
+# fail MESSAGE: says why a scenario failed; the scenario then returns 1.
+fail() {
+  echo "  FAIL: $*"
+  return 1
+}
+
+# scenario NAME FUNCTION: runs it, timed, and records the result.
+scenario() {
+  local name=$1 t rc
+  echo "== $name"
+  t=$(nsc_now)
+  "$2"
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    PASS=$((PASS + 1))
+    RESULTS+=("PASS  $name ($(nsc_since "$t")s)")
+  else
+    FAIL=$((FAIL + 1))
+    RESULTS+=("FAIL  $name ($(nsc_since "$t")s)")
+  fi
+}
+
+finish() {
+  echo "== results"
+  printf '%s\n' "${RESULTS[@]}"
+  echo "== times: up ${T_UP:-?}s, down ${T_DOWN:-?}s, whole $(nsc_since "$T0")s"
+  echo "$PASS passed, $FAIL failed"
+  [ "$FAIL" -eq 0 ]
+  exit
+}
+
+# A job's view as JSON, and one field of it.
+job_json() { nightshift job show "$1" -o json 2>/dev/null; }
+job_field() { job_json "$1" | jq -r "$2" 2>/dev/null; }
+
+# submit FILE: prints the new job's id.
+submit() { nightshift submit "$1" -o json 2>/dev/null | jq -r '.id' 2>/dev/null; }
+
+# wait_ended ID SECONDS: waits for the job to succeed, fail or be cancelled; prints its state.
+wait_ended() {
+  local s=""
+  for _ in $(seq 1 $(($2 * 2))); do
+    s=$(job_field "$1" .state)
+    case $s in succeeded | failed | cancelled) break ;; esac
+    sleep 0.5
+  done
+  echo "$s"
+}
+
+# The rig hosts (numbers) whose agent keeps a work directory for job ID.
+ran_on() {
+  local i out=""
+  for i in $(seq 1 "$N"); do [ -d "$NSC_STATE/gpu$i/agent/jobs/$1" ] && out+="$i "; done
+  echo "${out% }"
+}
+
+# A demand surge at the service's gateway: the autoscaler wants replicas back.
+surge() {
+  curl -sf --max-time 3 --cacert "$NIGHTSHIFT_CA" -H "Authorization: Bearer $NIGHTSHIFT_TOKEN" \
+    -H 'content-type: application/json' -d '{"waiting": 5}' \
+    "$NIGHTSHIFT_URL/v1/services/default/gateway" >/dev/null
+}
+
+# trainer_job FILE NAME IMAGE GPUS [ENV=VALUE...]: writes a toy-trainer job file.
+trainer_job() {
+  local file=$1 name=$2 image=$3 gpus=$4 kv
+  shift 4
+  {
+    echo "name: $name"
+    echo "image: $image"
+    echo "gpus: $gpus"
+    echo "env:"
+    for kv in "$@"; do
+      echo "  - name: ${kv%%=*}"
+      echo "    value: \"${kv#*=}\""
+    done
+  } >"$file"
+}
+
+# registry_new_image REPO FROM_TAG NEW_TAG LABEL: a new image made in the registry alone,
+# through its HTTP API (no engine ever holds it): FROM_TAG's layers, its config with the label
+# nightshift.scenario=LABEL added, so its own image ID and digest.
+registry_new_image() {
+  local repo=$1 from=$2 to=$3 label=$4 u base manifest config cdigest csize loc
+  u="$NSC_REGISTRY_USER:$(cat "$NSC_STATE/registry/password")"
+  base=http://$NSC_REGISTRY/v2/$repo
+  manifest=$(curl -sf -u "$u" -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' "$base/manifests/$from") || return 1
+  config=$(curl -sfL -u "$u" "$base/blobs/$(jq -r .config.digest <<<"$manifest")" |
+    jq -c --arg l "$label" '.config.Labels = ((.config.Labels // {}) + {"nightshift.scenario": $l})') || return 1
+  cdigest=sha256:$(printf '%s' "$config" | sha256sum | cut -d' ' -f1)
+  csize=$(printf '%s' "$config" | wc -c)
+  loc=$(curl -sf -u "$u" -X POST -D- -o /dev/null "$base/blobs/uploads/" | tr -d '\r' | sed -n 's/^[Ll]ocation: //p') || return 1
+  [[ $loc == http* ]] || loc=http://$NSC_REGISTRY$loc
+  [[ $loc == *\?* ]] && loc+="&" || loc+="?"
+  printf '%s' "$config" | curl -sf -u "$u" -X PUT -H 'content-type: application/octet-stream' --data-binary @- "${loc}digest=$cdigest" >/dev/null || return 1
+  jq -c --arg d "$cdigest" --argjson s "$csize" '.config.digest = $d | .config.size = $s' <<<"$manifest" |
+    curl -sf -u "$u" -X PUT -H 'content-type: application/vnd.docker.distribution.manifest.v2+json' --data-binary @- "$base/manifests/$to" >/dev/null
+}
+
+# ------------------------------------------------------------------ the scenarios
+IMAGE=""      # the scenario's fresh tag, in the registry only
+BAD_IMAGE=""  # a second fresh tag of it, first pulled by the badauth scenario
+
+s_pull() {
+  local tag id state digest where h
+  tag=scn-$(od -An -tx1 -N4 /dev/urandom | tr -d ' \n')
+  IMAGE=$NSC_REGISTRY/nightshift/toy-trainer:$tag
+  BAD_IMAGE=$IMAGE-b
+  registry_new_image nightshift/toy-trainer "${NSC_TRAINER_IMAGE#*:}" "$tag" "$tag" &&
+    registry_new_image nightshift/toy-trainer "${NSC_TRAINER_IMAGE#*:}" "$tag-b" "$tag-b" ||
+    fail "making $IMAGE in the registry" || return 1
+  for h in $(seq 1 "$N"); do
+    nsc_docker "$h" images --format '{{.Repository}}:{{.Tag}}' | grep -q toy-trainer &&
+      { fail "gpu$h holds a toy-trainer image before the job" || return 1; }
+  done
+  say "made $IMAGE in the registry; no engine holds any toy-trainer image"
+
+  trainer_job "$NSC_STATE/scn-pull.yaml" scn-pull "$IMAGE" 1 TRAINER_TARGET_STEP=50 TRAINER_STEPS_PER_SEC=100
+  id=$(submit "$NSC_STATE/scn-pull.yaml")
+  [[ $id =~ ^[0-9]+$ ]] || fail "submit: $id" || return 1
+  state=$(wait_ended "$id" 60)
+  [ "$state" = succeeded ] || fail "job $id: $state ($(job_field "$id" .message))" || return 1
+  [ "$(job_field "$id" .outputs.final_step)" = 50 ] || fail "job $id did not reach step 50" || return 1
+  digest=$(job_field "$id" .image_digest)
+  [[ $digest == "${IMAGE%:*}@sha256:"* ]] || fail "job $id: image_digest [$digest] is no digest of ${IMAGE%:*}" || return 1
+  nightshift job show "$id" | grep -qE "^pinned: +${digest//./\\.}$" || fail "job show prints no pinned: $digest" || return 1
+  where=$(ran_on "$id")
+  [[ $where =~ ^[0-9]$ ]] || fail "job $id: no single host ran it ($where)" || return 1
+  # The host that ran it pulled it, and now holds it at the pinned digest.
+  grep -q "image pulled image=\"$IMAGE\"" "$NSC_STATE/gpu$where/agent.log" ||
+    fail "gpu$where's agent did not log pulling $IMAGE" || return 1
+  nsc_docker "$where" image inspect -f '{{join .RepoDigests " "}}' "$IMAGE" 2>/dev/null | grep -qF "$digest" ||
+    fail "gpu$where's engine does not hold $digest" || return 1
+  say "job $id succeeded on gpu$where, which pulled it; pinned: $digest"
+}
+
+s_badauth() {
+  local auth=$NSC_STATE/registry-auth.json id id2 state msg where
+  [ -n "$BAD_IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  cp "$auth" "$auth.good"
+  printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$NSC_REGISTRY" \
+    "$(printf '%s:wrong' "$NSC_REGISTRY_USER" | base64 -w0)" >"$auth.new" && mv "$auth.new" "$auth"
+  trainer_job "$NSC_STATE/scn-badauth.yaml" scn-badauth "$BAD_IMAGE" 4 TRAINER_TARGET_STEP=50 TRAINER_STEPS_PER_SEC=100
+  id=$(submit "$NSC_STATE/scn-badauth.yaml")
+  state=$(wait_ended "$id" 60)
+  mv "$auth.good" "$auth"
+  [ "$state" = failed ] || fail "job $id with a wrong password: $state, not failed" || return 1
+  msg=$(job_field "$id" .message)
+  [[ $msg == *"from registry $NSC_REGISTRY failed"*unauthorized* ]] ||
+    fail "job $id's message does not name the registry and the refusal: [$msg]" || return 1
+  say "job $id failed: $msg"
+  where=$(grep -l "pulling image image=\"$BAD_IMAGE\"" "$NSC_STATE"/gpu*/agent.log | head -1 | sed 's|.*/gpu\([0-9]*\)/agent.log|\1|')
+  [[ $where =~ ^[0-9]+$ ]] || fail "no agent logged pulling $BAD_IMAGE" || return 1
+  # The right password again: the next job (the same image, 4 GPUs: a whole node) runs.
+  id2=$(submit "$NSC_STATE/scn-badauth.yaml")
+  state=$(wait_ended "$id2" 90)
+  [ "$state" = succeeded ] || fail "the next job $id2: $state ($(job_field "$id2" .message))" || return 1
+  say "the pull failed on gpu$where; the next job $id2 succeeded on gpu$(ran_on "$id2")"
+  # The node of the failed pull is not held up: its agent runs and the coordinator reaches it.
+  kill -0 "$(cat "$NSC_STATE/gpu$where/agent.pid")" || fail "gpu$where's agent died" || return 1
+  nightshift nodes -o json | jq -e --arg n "gpu$where" '.nodes[] | select(.name == $n and .reachable)' >/dev/null ||
+    fail "gpu$where is not reachable in nightshift nodes" || return 1
+}
+
+s_gang() {
+  local id j r0 r1 a b c1 log0 log1 state
+  [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  trainer_job "$NSC_STATE/scn-gang.yaml" scn-gang "$IMAGE" 4 TRAINER_RENDEZVOUS=1 \
+    TRAINER_TARGET_STEP=400 TRAINER_STEPS_PER_SEC=50 TRAINER_CHECKPOINT_EVERY=50
+  echo "nodes: 2" >>"$NSC_STATE/scn-gang.yaml"
+  id=$(submit "$NSC_STATE/scn-gang.yaml")
+  [[ $id =~ ^[0-9]+$ ]] || fail "submit: $id" || return 1
+  for _ in $(seq 1 120); do
+    j=$(job_json "$id")
+    [ "$(jq -r .state <<<"$j")" = running ] && break
+    sleep 0.5
+  done
+  r0=$(jq -r '.leases[]? | select(.rank == 0) | .node' <<<"$j")
+  r1=$(jq -r '.leases[]? | select(.rank == 1) | .node' <<<"$j")
+  [[ $r0 =~ ^gpu[0-9]+$ && $r1 =~ ^gpu[0-9]+$ && $r0 != "$r1" ]] || fail "job $id: not running on two hosts ($j)" || return 1
+  a=$(nsc_addr "${r0#gpu}")
+  b=$(nsc_addr "${r1#gpu}")
+  # Rank 1's container output, from its own host's engine, while it runs (the agent removes
+  # the container when it exits); rank 0's through `nightshift logs`.
+  for _ in $(seq 1 40); do
+    c1=$(nsc_docker "${r1#gpu}" ps -aq --filter "name=nightshift-job-$r1-$id-" | head -1)
+    [ -n "$c1" ] && log1=$(nsc_docker "${r1#gpu}" logs "$c1" 2>&1)
+    log0=$(nightshift logs "$id" 2>&1)
+    [[ $log1 == *"connected to rank 0"* && $log0 == *"rank 1 joined"* ]] && break
+    sleep 0.5
+  done
+  grep -m1 "rendezvous" <<<"$log1" | sed "s/^/  rank 1 on $r1: /"
+  grep -m1 "joined" <<<"$log0" | sed "s/^/  rank 0 on $r0: /"
+  grep -q "connected to rank 0 at $a:" <<<"$log1" || fail "rank 1 did not log connecting to rank 0 at $a" || return 1
+  grep -q "rank 1 joined from $b:" <<<"$log0" || fail "rank 0 did not log rank 1 joining from $b" || return 1
+  state=$(wait_ended "$id" 60)
+  [ "$state" = succeeded ] || fail "gang job $id: $state ($(job_field "$id" .message))" || return 1
+  [ "$(job_field "$id" '.outputs.nnodes + " " + .outputs.rounds')" = "2 400" ] ||
+    fail "job $id's outputs: $(job_field "$id" -c .outputs)" || return 1
+  say "gang job $id met across $r0 ($a) and $r1 ($b) and took 400 steps in lock step"
+}
+
+s_follow() {
+  local id j a state pre_epoch newest resumed where c log
+  [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  trainer_job "$NSC_STATE/scn-follow.yaml" scn-follow "$IMAGE" 4 TRAINER_TARGET_STEP=600 \
+    TRAINER_STEPS_PER_SEC=50 TRAINER_CHECKPOINT_EVERY=10
+  id=$(submit "$NSC_STATE/scn-follow.yaml")
+  [[ $id =~ ^[0-9]+$ ]] || fail "submit: $id" || return 1
+  for _ in $(seq 1 120); do
+    j=$(job_json "$id")
+    [ "$(jq -r .state <<<"$j")" = running ] && [ "$(jq -r .last_checkpoint_at <<<"$j")" != null ] && break
+    sleep 0.5
+  done
+  a=$(jq -r '.leases[0].node // empty' <<<"$j")
+  pre_epoch=$(jq -r '.leases[0].epoch // empty' <<<"$j")
+  [[ $a =~ ^gpu[0-9]+$ ]] || fail "job $id is not running with a checkpoint: $j" || return 1
+  say "job $id runs on $a (epoch $pre_epoch) and has checkpointed; a surge takes $a back"
+  surge
+  for _ in $(seq 1 100); do
+    j=$(job_json "$id")
+    [ "$(jq -r .preemptions <<<"$j")" = 1 ] && [ "$(jq -r .state <<<"$j")" != preempting ] && break
+    surge
+    sleep 0.3
+  done
+  [ "$(jq -r .preemptions <<<"$j")" = 1 ] || fail "job $id was not preempted: $j" || return 1
+  newest=$(find "$NSC_STATE/shared/checkpoints/jobs/$id/checkpoints/$pre_epoch" -name 'step-*.ckpt' 2>/dev/null |
+    sed 's/.*step-0*\([0-9][0-9]*\)\.ckpt/\1/' | sort -n | tail -1)
+  [[ $newest =~ ^[0-9]+$ ]] || fail "no checkpoint of epoch $pre_epoch in the shared directory" || return 1
+  # A cannot take the job back: its agent is stopped (as if the host went away).
+  kill "$(cat "$NSC_STATE/$a/agent.pid")"
+  say "preempted at step $newest (the shared directory's newest checkpoint); $a's agent stopped"
+  for _ in $(seq 1 180); do
+    j=$(job_json "$id")
+    [ "$(jq -r .state <<<"$j")" = running ] && break
+    sleep 0.5
+  done
+  where=$(jq -r '.leases[0].node // empty' <<<"$j")
+  [[ $where =~ ^gpu[0-9]+$ && $where != "$a" ]] || fail "job $id did not run again on another host: $j" || return 1
+  for _ in $(seq 1 20); do
+    c=$(nsc_docker "${where#gpu}" ps -aq --filter "name=nightshift-job-$where-$id-" | head -1)
+    [ -n "$c" ] && log=$(nsc_docker "${where#gpu}" logs "$c" 2>&1) && [[ $log == *"resumed from step"* ]] && break
+    sleep 0.5
+  done
+  grep -m1 "resumed from step" <<<"${log:-}" | sed "s/^/  attempt 2 on $where: /"
+  state=$(wait_ended "$id" 60)
+  [ "$state" = succeeded ] || fail "job $id: $state ($(job_field "$id" .message))" || return 1
+  resumed=$(job_field "$id" .outputs.resumed_from_step)
+  [ "$resumed" = "$newest" ] || fail "job $id resumed from step [$resumed], not $newest" || return 1
+  [ "$(job_field "$id" .outputs.resumed_from_epoch)" = "$pre_epoch" ] ||
+    fail "job $id resumed from epoch $(job_field "$id" .outputs.resumed_from_epoch), not $pre_epoch" || return 1
+  say "job $id resumed on $where from step $resumed of epoch $pre_epoch and finished"
+}
+
+s_clean() {
+  local left t
+  left=$(nsc_leftovers)
+  [ -z "$left" ] || fail "after the first down.sh: ${left//$'\n'/; }" || return 1
+  t=$(nsc_now)
+  "$HERE/up.sh" "$N" >"$LOG-up2.log" 2>&1 || {
+    tail -5 "$LOG-up2.log"
+    "$HERE/down.sh"
+    fail "the second up.sh $N failed"
+    return 1
+  }
+  say "a second up.sh $N in $(nsc_since "$t")s"
+  t=$(nsc_now)
+  "$HERE/down.sh" 2>/dev/null || fail "the second down.sh exited non-zero" || return 1
+  say "a second down.sh in $(nsc_since "$t")s"
+  "$HERE/down.sh" 2>/dev/null || fail "a down.sh with no rig up exited non-zero" || return 1
+  left=$(nsc_leftovers)
+  [ -z "$left" ] || fail "after the second down.sh: ${left//$'\n'/; }" || return 1
+  say "nothing left after either down.sh"
+}
+
+# ------------------------------------------------------------------ run
+T0=$(nsc_now)
+if [ -e "$NSC_STATE" ] || [ -e "/run/netns/$NSC_SWITCH" ]; then
+  echo "a rig is already up (or left over): run tests/cluster/down.sh first"
+  FAIL=1
+  finish
+fi
+t=$(nsc_now)
+if ! "$HERE/up.sh" "$N" >"$LOG-up.log" 2>&1; then
+  T_UP=$(nsc_since "$t")
+  sed 's/^/    /' "$LOG-up.log"
+  "$HERE/down.sh"
+  RESULTS+=("FAIL  up.sh $N")
+  FAIL=1
+  finish
+fi
+T_UP=$(nsc_since "$t")
+echo "== up.sh $N in ${T_UP}s"
+# shellcheck disable=SC1091
+. "$NSC_STATE/env"
+
+scenario "pull: an image only the registry holds runs, pinned by digest" s_pull
+scenario "badauth: a wrong registry password fails the job, the next runs" s_badauth
+scenario "gang: a 2-node gang rendezvouses across hosts" s_gang
+scenario "follow: preempted on A, resumes on another host from the shared checkpoint" s_follow
+
+t=$(nsc_now)
+"$HERE/down.sh" 2>"$LOG-down.log" || { tail -5 "$LOG-down.log"; }
+T_DOWN=$(nsc_since "$t")
+echo "== down.sh in ${T_DOWN}s"
+scenario "clean: down.sh leaves nothing, twice in a row" s_clean
+finish
