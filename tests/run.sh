@@ -82,6 +82,14 @@ rm -rf "$NIGHTSHIFT_TEST_LOGS"
 part "the tests" cargo test --workspace "$@"
 cargo run -q -p nightshift-tests --bin nightshift-logscan -- "$NIGHTSHIFT_TEST_LOGS"
 
+# The cluster rig: 3 hosts, each a network namespace with its own dockerd and agent, and
+# issue 18's scenarios on it (tests/cluster/scenarios.sh, docs/CLUSTER.md). Needs root.
+if [ "${NIGHTSHIFT_SKIP_CLUSTER:-}" = 1 ]; then
+    echo "tests/run.sh: NIGHTSHIFT_SKIP_CLUSTER=1: the cluster rig's scenarios did not run" >&2
+else
+    part "the cluster rig" bash tests/cluster/scenarios.sh
+fi
+
 # The fuzz targets, each for a few seconds from its committed corpus (tests/fuzz.sh).
 if [ "${NIGHTSHIFT_SKIP_FUZZ:-}" = 1 ]; then
     echo "tests/run.sh: NIGHTSHIFT_SKIP_FUZZ=1: the fuzz targets did not run" >&2
