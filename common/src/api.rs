@@ -93,6 +93,72 @@ pub struct JobView {
     /// registry knows (built or loaded on the host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_digest: Option<String>,
+    /// Its latest placements, oldest first (at most the last 20): where each ran, and how it
+    /// ended. Empty in records from before they were kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptView>,
+}
+
+/// One placement of a job: the GPUs it was leased, when it ran, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptView {
+    /// The job's attempt number it ran as. A placement taken back before its container
+    /// started does not raise it, so the next placement has the same number.
+    pub attempt: u32,
+    /// One per node, in rank order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<AttemptMember>,
+    pub leased_at: UnixMillis,
+    /// When its first member's container was seen running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<UnixMillis>,
+    /// When its last member was gone; `None` while it holds leases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<UnixMillis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<AttemptEnding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    /// Why it ended, when that is not obvious (an exit code, a start failure, a loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Where one member of an attempt ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptMember {
+    pub node: String,
+    pub gpus: Vec<u32>,
+    /// Its lease's fencing epoch.
+    pub epoch: u64,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptEnding {
+    Succeeded,
+    /// Its container exited with an error, or it ran past `maxRunSeconds`.
+    Failed,
+    /// A member's container could not be started (a missing image, no room for checkpoints).
+    FailedToStart,
+    /// Taken back so that its nodes serve again, or lost with a node; requeued.
+    Preempted,
+    Cancelled,
+}
+
+impl AttemptEnding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::FailedToStart => "failed to start",
+            Self::Preempted => "preempted",
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,4 +322,38 @@ pub struct Endpoint {
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_record_from_before_attempts_were_kept_loads_with_none() {
+        let old = r#"{"id": 3, "spec": {"name": "j", "image": "i", "gpus": 2},
+            "state": "succeeded", "attempt": 1, "preemptions": 0, "submitted_at": 5,
+            "finished_at": 9, "exit_code": 0}"#;
+        let job: JobView = serde_json::from_str(old).unwrap();
+        assert!(job.attempts.is_empty());
+        assert!(!serde_json::to_string(&job).unwrap().contains("attempts"));
+
+        let mut job = job;
+        job.attempts.push(AttemptView {
+            attempt: 1,
+            members: vec![AttemptMember {
+                node: "gpu-01".into(),
+                gpus: vec![2, 3],
+                epoch: 4,
+            }],
+            leased_at: 6,
+            started_at: Some(7),
+            ended_at: Some(9),
+            ending: Some(AttemptEnding::FailedToStart),
+            exit_code: None,
+            message: None,
+        });
+        let text = serde_json::to_string(&job).unwrap();
+        assert!(text.contains(r#""ending":"failed_to_start""#), "{text}");
+        assert_eq!(serde_json::from_str::<JobView>(&text).unwrap(), job);
+    }
 }

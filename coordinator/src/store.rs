@@ -696,6 +696,7 @@ mod tests {
             outputs: BTreeMap::new(),
             message: None,
             image_digest: None,
+            attempts: Vec::new(),
         }
     }
 

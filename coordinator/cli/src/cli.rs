@@ -400,7 +400,7 @@ fn now_ms() -> UnixMillis {
 mod tests {
     use std::sync::atomic::Ordering;
 
-    use nightshift_common::{EnvVar, JobList, JobState, JobView, NodeMode};
+    use nightshift_common::{AttemptEnding, EnvVar, JobList, JobState, JobView, NodeMode};
 
     use super::*;
     use crate::client::fake::{self, T0};
@@ -675,16 +675,17 @@ mod tests {
                 finished_at: Some(T0 + 252_000),
                 exit_code: Some(0),
                 leases: Vec::new(),
+                attempts: vec![fake::attempt(2, &["gpu-01", "gpu-02"])],
                 ..fake::running(12, fake::spec("tab\there", 4))
             },
         ];
         assert_eq!(
             render_jobs(&jobs, NOW),
             "\
-ID  NAME         STATE      ATTEMPT  GPUS  NODE    AGE  DURATION
-7   train-llama  running    2        2     gpu-03  5m   4m
-8   eval         queued     1        1     -       5m   -
-12  tab\\there    succeeded  2        4     -       5m   3m12s
+ID  NAME         STATE      ATTEMPT  GPUS  NODE           AGE  DURATION
+7   train-llama  running    2        2     gpu-03         5m   4m
+8   eval         queued     1        1     -              5m   -
+12  tab\\there    succeeded  2        4     gpu-01,gpu-02  5m   3m12s
 "
         );
         assert_eq!(render_jobs(&[], NOW), "no jobs\n");
@@ -733,6 +734,36 @@ outputs:      loss = 0.31
               step = 1200
 message:      resumed from step 1100
 "
+        );
+
+        // A finished job keeps where each attempt ran and how it ended.
+        let mut job = fake::queued(11, fake::spec("gang", 2));
+        job.state = JobState::Succeeded;
+        job.attempt = 2;
+        job.finished_at = Some(T0 + 252_000);
+        let mut preempted = fake::attempt(1, &["gpu-03"]);
+        preempted.ended_at = Some(T0 + 100_000);
+        preempted.ending = Some(AttemptEnding::Preempted);
+        preempted.exit_code = None;
+        preempted.message = Some("preempted".into());
+        let mut failed = fake::attempt(2, &["gpu-01"]);
+        failed.started_at = None;
+        failed.ending = Some(AttemptEnding::FailedToStart);
+        failed.exit_code = None;
+        failed.message = Some("image\tmissing".into());
+        job.attempts = vec![preempted, failed, fake::attempt(2, &["gpu-01", "gpu-02"])];
+        let text = render_job(&job, NOW);
+        assert!(
+            text.ends_with(
+                "\
+attempts:
+  ATTEMPT  NODE           GPUS     EPOCH  STARTED  ENDED      RAN    ENDING           EXIT  MESSAGE
+  1        gpu-03         0,1      7      4m ago   3m20s ago  40s    preempted        -     preempted
+  2        gpu-01         0,1      7      -        48s ago    -      failed to start  -     image\\tmissing
+  2        gpu-01,gpu-02  0,1/0,1  7      4m ago   48s ago    3m12s  succeeded        0
+"
+            ),
+            "{text}"
         );
 
         let mut job = fake::queued(8, fake::spec("eval", 1));

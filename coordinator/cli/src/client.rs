@@ -596,8 +596,9 @@ pub(crate) mod fake {
     use hyper::{HeaderMap, Method, StatusCode};
     use hyper_util::rt::TokioIo;
     use nightshift_common::{
-        ApiError, CheckpointPolicy, JobList, JobSpec, JobState, JobView, LeaseView, NodeGpuView,
-        NodeList, NodeMode, NodeView, ReplicaState, ReplicaStatus, ServingSignals,
+        ApiError, AttemptEnding, AttemptMember, AttemptView, CheckpointPolicy, JobList, JobSpec,
+        JobState, JobView, LeaseView, NodeGpuView, NodeList, NodeMode, NodeView, ReplicaState,
+        ReplicaStatus, ServingSignals,
     };
     use serde::Serialize;
 
@@ -644,6 +645,28 @@ pub(crate) mod fake {
             outputs: BTreeMap::new(),
             message: None,
             image_digest: None,
+            attempts: Vec::new(),
+        }
+    }
+
+    /// An attempt that ran on `nodes` (GPUs 0 and 1 of each, epoch 7) and succeeded.
+    pub fn attempt(attempt: u32, nodes: &[&str]) -> AttemptView {
+        AttemptView {
+            attempt,
+            members: nodes
+                .iter()
+                .map(|n| AttemptMember {
+                    node: (*n).into(),
+                    gpus: vec![0, 1],
+                    epoch: 7,
+                })
+                .collect(),
+            leased_at: T0 + 50_000,
+            started_at: Some(T0 + 60_000),
+            ended_at: Some(T0 + 252_000),
+            ending: Some(AttemptEnding::Succeeded),
+            exit_code: Some(0),
+            message: None,
         }
     }
 

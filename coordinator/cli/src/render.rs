@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use nightshift_common::{JobView, NodeMode, NodeView, UnixMillis};
+use nightshift_common::{AttemptMember, AttemptView, JobView, NodeMode, NodeView, UnixMillis};
 use serde::Serialize;
 
 use crate::error::CliError;
@@ -47,15 +47,7 @@ pub fn render_jobs(jobs: &[JobView], now: UnixMillis) -> String {
                 } else {
                     job.spec.gpus.to_string()
                 },
-                if job.leases.is_empty() {
-                    "-".to_owned()
-                } else {
-                    job.leases
-                        .iter()
-                        .map(|l| clean(&l.node))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                },
+                job_nodes(job),
                 format_duration(now.saturating_sub(job.submitted_at)),
                 run_time(job, now).map_or("-".to_owned(), format_duration),
             ]
@@ -67,6 +59,23 @@ pub fn render_jobs(jobs: &[JobView], now: UnixMillis) -> String {
         ],
         &rows,
     )
+}
+
+/// Where the job runs, else where its last attempt ran; `-` if it never was placed.
+fn job_nodes(job: &JobView) -> String {
+    let nodes: Vec<String> = if job.leases.is_empty() {
+        job.attempts
+            .last()
+            .map(|a| a.members.iter().map(|m| clean(&m.node)).collect())
+            .unwrap_or_default()
+    } else {
+        job.leases.iter().map(|l| clean(&l.node)).collect()
+    };
+    if nodes.is_empty() {
+        "-".to_owned()
+    } else {
+        nodes.join(",")
+    }
 }
 
 /// How long the job has run: from its start to its end, or to `now` if still going.
@@ -192,7 +201,70 @@ pub fn render_job(job: &JobView, now: UnixMillis) -> String {
     if let Some(message) = &job.message {
         kv.push(("message", clean(message)));
     }
-    key_values(&kv)
+    let mut text = key_values(&kv);
+    if !job.attempts.is_empty() {
+        text.push_str("attempts:\n");
+        for line in render_attempts(&job.attempts, now).lines() {
+            text.push_str(&format!("  {line}\n"));
+        }
+    }
+    text
+}
+
+/// A job's attempt records as a table, oldest first: ATTEMPT, NODE, GPUS (per node, `/`
+/// between nodes), EPOCH, STARTED, ENDED, RAN, ENDING, EXIT and MESSAGE.
+pub fn render_attempts(attempts: &[AttemptView], now: UnixMillis) -> String {
+    let dash = || "-".to_owned();
+    let rows = attempts
+        .iter()
+        .map(|a| {
+            let join = |f: &dyn Fn(&AttemptMember) -> String, sep: &str| {
+                if a.members.is_empty() {
+                    dash()
+                } else {
+                    a.members.iter().map(f).collect::<Vec<_>>().join(sep)
+                }
+            };
+            let mut epochs: Vec<u64> = a.members.iter().map(|m| m.epoch).collect();
+            epochs.dedup();
+            vec![
+                a.attempt.to_string(),
+                join(&|m| clean(&m.node), ","),
+                join(
+                    &|m| {
+                        let gpus: Vec<String> = m.gpus.iter().map(u32::to_string).collect();
+                        gpus.join(",")
+                    },
+                    "/",
+                ),
+                if epochs.is_empty() {
+                    dash()
+                } else {
+                    let epochs: Vec<String> = epochs.iter().map(u64::to_string).collect();
+                    epochs.join(",")
+                },
+                a.started_at.map_or_else(dash, |t| format_relative(now, t)),
+                a.ended_at.map_or_else(dash, |t| format_relative(now, t)),
+                a.started_at.map_or_else(dash, |t| {
+                    format_duration(a.ended_at.unwrap_or(now).saturating_sub(t))
+                }),
+                match (a.ending, a.started_at) {
+                    (Some(ending), _) => ending.as_str().to_owned(),
+                    (None, Some(_)) => "running".to_owned(),
+                    (None, None) => "starting".to_owned(),
+                },
+                a.exit_code.map_or_else(dash, |c| c.to_string()),
+                a.message.as_deref().map_or_else(String::new, clean),
+            ]
+        })
+        .collect::<Vec<_>>();
+    table(
+        &[
+            "ATTEMPT", "NODE", "GPUS", "EPOCH", "STARTED", "ENDED", "RAN", "ENDING", "EXIT",
+            "MESSAGE",
+        ],
+        &rows,
+    )
 }
 
 /// `nodes` as a table. GPUS is `lent to jobs / total`; JOBS lists the jobs holding them;

@@ -13,9 +13,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::{
-    CheckpointStorage, DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, JobSpec, JobState,
-    JobView, LeaseGrant, LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous, SpecError,
-    UnixMillis,
+    AttemptMember, CheckpointStorage, DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState,
+    JobSpec, JobState, JobView, LeaseGrant, LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous,
+    SpecError, UnixMillis,
 };
 
 use crate::checkpoint::Checkpoints;
@@ -897,6 +897,19 @@ impl Core {
             for lease in leases {
                 self.release(now, lease, false);
             }
+            return;
+        }
+        let members = leases
+            .iter()
+            .filter_map(|id| self.leases.get(*id))
+            .map(|l| AttemptMember {
+                node: l.node.clone(),
+                gpus: l.gpus.clone(),
+                epoch: l.epoch,
+            })
+            .collect();
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.place_attempt(members);
         }
     }
 
@@ -1086,6 +1099,7 @@ impl Core {
             outputs: j.outputs.clone(),
             message: j.message.clone(),
             image_digest: j.image_digest.clone(),
+            attempts: j.attempts.clone(),
         }
     }
 
@@ -1212,5 +1226,6 @@ fn job_from_view(v: JobView) -> Job {
         outputs: v.outputs,
         message: v.message,
         image_digest: v.image_digest,
+        attempts: v.attempts,
     }
 }

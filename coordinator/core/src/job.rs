@@ -6,7 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use nightshift_common::{JobSpec, JobState, UnixMillis};
+use nightshift_common::{AttemptEnding, AttemptMember, AttemptView, JobSpec, JobState, UnixMillis};
+
+/// A job keeps the records of this many of its latest attempts.
+pub const KEPT_ATTEMPTS: usize = 20;
 
 /// What happens to a job. [`Job::apply`] is the only place a job's state changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +79,9 @@ pub struct Job {
     /// that started: what every later attempt runs, so that a tag moved since never changes
     /// the job. `None` until then, and for an image no registry knows.
     pub image_digest: Option<String>,
+    /// Its latest placements, oldest first, at most [`KEPT_ATTEMPTS`]: the last one is open
+    /// (no `ended_at`) while the job holds leases.
+    pub attempts: Vec<AttemptView>,
 }
 
 impl JobEvent {
@@ -133,6 +139,30 @@ impl Job {
             outputs: BTreeMap::new(),
             message: None,
             image_digest: None,
+            attempts: Vec::new(),
+        }
+    }
+
+    /// The open attempt record, while the job holds leases.
+    fn open_attempt(&mut self) -> Option<&mut AttemptView> {
+        self.attempts.last_mut().filter(|a| a.ending.is_none())
+    }
+
+    /// Names where the open attempt runs: one member per lease, in rank order.
+    pub fn place_attempt(&mut self, members: Vec<AttemptMember>) {
+        if let Some(a) = self.open_attempt() {
+            a.members = members;
+        }
+    }
+
+    /// Closes the open attempt record (before `end_attempt` forgets its start).
+    fn close_attempt(&mut self, now: UnixMillis, ending: AttemptEnding) {
+        let (started, message) = (self.attempt_started_at, self.message.clone());
+        if let Some(a) = self.open_attempt() {
+            a.started_at = a.started_at.or(started);
+            a.ended_at = Some(now);
+            a.ending = Some(ending);
+            a.message = message.filter(|_| ending != AttemptEnding::Succeeded);
         }
     }
 
@@ -212,6 +242,16 @@ impl Job {
         };
         let last = self.leases.is_empty();
         let ran = event.container_existed();
+        // The attempt a member's exit code belongs to, recorded once the move is legal.
+        let exited = match &event {
+            JobEvent::MemberExited { exit_code, .. } => self
+                .attempts
+                .len()
+                .checked_sub(1)
+                .filter(|_| self.attempts.last().is_some_and(|a| a.ending.is_none()))
+                .map(|at| (at, *exit_code)),
+            _ => None,
+        };
         let began = self.attempt_started_at;
         if ran && !self.state.is_finished() {
             // A container that exited existed: its attempt began (seen first now, so it adds
@@ -224,6 +264,19 @@ impl Job {
                 self.message = None;
                 self.not_before = None;
                 self.attempt_started_at = None;
+                if self.attempts.len() >= KEPT_ATTEMPTS {
+                    self.attempts.remove(0);
+                }
+                self.attempts.push(AttemptView {
+                    attempt: self.attempt,
+                    members: Vec::new(),
+                    leased_at: now,
+                    started_at: None,
+                    ended_at: None,
+                    ending: None,
+                    exit_code: None,
+                    message: None,
+                });
                 Starting
             }
             (Starting | Running, JobEvent::Started) => {
@@ -344,6 +397,17 @@ impl Job {
             }
         };
         self.state = next;
+        let started = self.attempt_started_at;
+        if let Some(a) = self.open_attempt() {
+            a.started_at = a.started_at.or(started);
+        }
+        if let Some((at, code)) = exited {
+            // A gang's first error is the attempt's code; 0 only when every member exited so.
+            let a = &mut self.attempts[at];
+            if a.exit_code.is_none_or(|c| c == 0) {
+                a.exit_code = Some(code);
+            }
+        }
         Ok(left.map(|(_, lease)| lease))
     }
 
@@ -355,6 +419,13 @@ impl Job {
 
     fn finish(&mut self, now: UnixMillis, state: JobState) -> JobState {
         debug_assert!(self.leases.is_empty(), "a job finishes with no member left");
+        let ending = match state {
+            JobState::Succeeded => AttemptEnding::Succeeded,
+            JobState::Cancelled => AttemptEnding::Cancelled,
+            _ if !self.attempt_began() => AttemptEnding::FailedToStart,
+            _ => AttemptEnding::Failed,
+        };
+        self.close_attempt(now, ending);
         self.end_attempt(now);
         self.finished_at = Some(now);
         if state == JobState::Succeeded {
@@ -380,8 +451,11 @@ impl Job {
                 .map(|m| format!(" ({m})"))
                 .unwrap_or_default();
             self.message = Some(format!("requeued before its container started{why}"));
+            self.close_attempt(now, AttemptEnding::Preempted);
             return JobState::Queued;
         }
+        self.message.get_or_insert_with(|| "preempted".to_owned());
+        self.close_attempt(now, AttemptEnding::Preempted);
         self.end_attempt(now);
         self.attempt += 1;
         self.preemptions += 1;
@@ -395,6 +469,12 @@ impl Job {
         if self.timed_out || self.failures > self.spec.retry.limit {
             return self.finish(now, JobState::Failed);
         }
+        let ending = if self.attempt_began() {
+            AttemptEnding::Failed
+        } else {
+            AttemptEnding::FailedToStart
+        };
+        self.close_attempt(now, ending);
         self.end_attempt(now);
         self.attempt += 1;
         self.not_before = Some(now + self.spec.retry.backoff_ms(self.failures));
@@ -437,6 +517,76 @@ mod tests {
             exit_code,
             outputs: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn each_attempt_is_recorded_with_its_ending_and_only_the_last_ones_are_kept() {
+        let mut j = job(1, 100);
+        j.apply(1, JobEvent::Leased { leases: vec![1] }).unwrap();
+        let start_failed = JobEvent::MemberStartFailed {
+            lease: 1,
+            message: "no such image".into(),
+        };
+        j.apply(2, start_failed).unwrap();
+        j.apply(3, JobEvent::Leased { leases: vec![2] }).unwrap();
+        j.apply(4, JobEvent::Started).unwrap();
+        j.apply(5, exited(2, 3)).unwrap();
+        let ends: Vec<_> = j
+            .attempts
+            .iter()
+            .map(|a| {
+                (
+                    a.attempt,
+                    a.leased_at,
+                    a.started_at,
+                    a.ended_at,
+                    a.ending,
+                    a.exit_code,
+                )
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                (
+                    1,
+                    1,
+                    None,
+                    Some(2),
+                    Some(AttemptEnding::FailedToStart),
+                    None
+                ),
+                (2, 3, Some(4), Some(5), Some(AttemptEnding::Failed), Some(3)),
+            ]
+        );
+        assert_eq!(j.attempts[0].message.as_deref(), Some("no such image"));
+        assert_eq!(j.attempts[1].message.as_deref(), Some("exited with code 3"));
+
+        // An illegal move leaves the records as they were.
+        let before = j.attempts.clone();
+        assert!(j.apply(6, exited(2, 0)).is_err());
+        assert_eq!(j.attempts, before);
+
+        for t in 0..(2 * KEPT_ATTEMPTS as u64) {
+            j.not_before = None;
+            let (now, lease) = (10 + 3 * t, 3 + t);
+            j.apply(
+                now,
+                JobEvent::Leased {
+                    leases: vec![lease],
+                },
+            )
+            .unwrap();
+            j.apply(now + 1, JobEvent::Started).unwrap();
+            j.apply(now + 2, exited(lease, 1)).unwrap();
+        }
+        assert_eq!(j.attempts.len(), KEPT_ATTEMPTS);
+        assert_eq!(j.attempts.last().unwrap().attempt, j.attempt - 1);
+        assert!(
+            j.attempts
+                .iter()
+                .all(|a| a.ending == Some(AttemptEnding::Failed))
+        );
     }
 
     #[test]

@@ -589,6 +589,7 @@ mod tests {
                 outputs: BTreeMap::new(),
                 message: None,
                 image_digest: None,
+                attempts: Vec::new(),
             };
             self.jobs.insert(id, job);
             Ok(id)
