@@ -99,6 +99,34 @@ pub struct JobView {
     pub attempts: Vec<AttemptView>,
 }
 
+impl JobView {
+    /// Job `id` as submitted at `submitted_at`: queued for its first attempt, nothing run yet.
+    pub fn queued(id: u64, spec: JobSpec, submitted_at: UnixMillis) -> Self {
+        Self {
+            id,
+            spec,
+            state: JobState::Queued,
+            attempt: 1,
+            preemptions: 0,
+            failures: 0,
+            not_before: None,
+            last_checkpoint_at: None,
+            submitted_at,
+            started_at: None,
+            attempt_started_at: None,
+            ran_ms: 0,
+            timed_out: false,
+            finished_at: None,
+            leases: Vec::new(),
+            exit_code: None,
+            outputs: BTreeMap::new(),
+            message: None,
+            image_digest: None,
+            attempts: Vec::new(),
+        }
+    }
+}
+
 /// One placement of a job: the GPUs it was leased, when it ran, and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

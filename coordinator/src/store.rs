@@ -676,28 +676,7 @@ mod tests {
     use nightshift_common::{JobSpec, JobState};
 
     fn job(id: u64) -> JobView {
-        JobView {
-            id,
-            spec: JobSpec::new("t", "i", 1),
-            state: JobState::Queued,
-            attempt: 1,
-            preemptions: 0,
-            failures: 0,
-            not_before: None,
-            last_checkpoint_at: None,
-            submitted_at: 5,
-            started_at: None,
-            attempt_started_at: None,
-            ran_ms: 0,
-            timed_out: false,
-            finished_at: None,
-            leases: Vec::new(),
-            exit_code: None,
-            outputs: BTreeMap::new(),
-            message: None,
-            image_digest: None,
-            attempts: Vec::new(),
-        }
+        JobView::queued(id, JobSpec::new("t", "i", 1), 5)
     }
 
     #[test]

@@ -587,7 +587,6 @@ fn error_from_body(request: String, status: StatusCode, body: &[u8]) -> ClientEr
 /// client's and the CLI's tests.
 #[cfg(test)]
 pub(crate) mod fake {
-    use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -625,28 +624,7 @@ pub(crate) mod fake {
     }
 
     pub fn queued(id: u64, spec: JobSpec) -> JobView {
-        JobView {
-            id,
-            spec,
-            state: JobState::Queued,
-            attempt: 1,
-            preemptions: 0,
-            failures: 0,
-            not_before: None,
-            last_checkpoint_at: None,
-            submitted_at: T0,
-            started_at: None,
-            attempt_started_at: None,
-            ran_ms: 0,
-            timed_out: false,
-            finished_at: None,
-            leases: Vec::new(),
-            exit_code: None,
-            outputs: BTreeMap::new(),
-            message: None,
-            image_digest: None,
-            attempts: Vec::new(),
-        }
+        JobView::queued(id, spec, T0)
     }
 
     /// An attempt that ran on `nodes` (GPUs 0 and 1 of each, epoch 7) and succeeded.

@@ -569,28 +569,7 @@ mod tests {
                 return Err(why.clone());
             }
             let id = self.jobs.len() as u64 + 1;
-            let job = JobView {
-                id,
-                spec,
-                state: JobState::Queued,
-                attempt: 1,
-                preemptions: 0,
-                failures: 0,
-                not_before: None,
-                last_checkpoint_at: None,
-                submitted_at: now,
-                started_at: None,
-                attempt_started_at: None,
-                ran_ms: 0,
-                timed_out: false,
-                finished_at: None,
-                leases: Vec::new(),
-                exit_code: None,
-                outputs: BTreeMap::new(),
-                message: None,
-                image_digest: None,
-                attempts: Vec::new(),
-            };
+            let job = JobView::queued(id, spec, now);
             self.jobs.insert(id, job);
             Ok(id)
         }
