@@ -393,12 +393,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     self.start_pull(&image).await;
                     return Ok(true);
                 }
-                Step::FailStart { lease, message } => {
-                    tracing::warn!(node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id, reason = %message, "job cannot start");
-                    self.mem
-                        .start_failures
-                        .insert(lease.lease_id, StartFailure::new(&lease, message));
-                }
+                Step::FailStart { lease, message } => self.fail_start(&lease, message),
                 Step::Remove(c) => self.remove(&c).await,
                 Step::Note(note) => self.note(note),
                 Step::GiveUp(stuck) => return Err(stuck.into()),
@@ -406,6 +401,18 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             }
         }
         Ok(false)
+    }
+
+    /// Records that `lease`'s job cannot start, for `reason`: its attempt is reported as
+    /// failed and the node's other leases go on.
+    fn fail_start(&mut self, lease: &LeaseGrant, reason: String) {
+        tracing::warn!(
+            node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+            reason = %reason, "job cannot start"
+        );
+        self.mem
+            .start_failures
+            .insert(lease.lease_id, StartFailure::new(lease, reason));
     }
 
     fn note(&self, note: Note) {
@@ -567,13 +574,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         .cloned()
                         .collect();
                     for lease in failed {
-                        tracing::warn!(
-                            node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
-                            error = %e, "job cannot start"
-                        );
-                        self.mem
-                            .start_failures
-                            .insert(lease.lease_id, StartFailure::new(&lease, e.to_string()));
+                        self.fail_start(&lease, e.to_string());
                     }
                 }
                 Err(e) => {
@@ -701,15 +702,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     e @ (EngineError::ImageMissing(_)
                     | EngineError::Refused { .. }
                     | EngineError::PullFailed { .. }),
-                ) => {
-                    tracing::warn!(
-                        node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
-                        error = %e, "job cannot start"
-                    );
-                    self.mem
-                        .start_failures
-                        .insert(lease.lease_id, StartFailure::new(lease, e.to_string()));
-                }
+                ) => self.fail_start(lease, e.to_string()),
                 Err(e) => return Err(e.into()),
             }
         }
