@@ -266,7 +266,10 @@ async fn execute(
         }
         Command::Lint { file } => return crate::lint::run(file, stdin, out, json),
         Command::Submit { file, parameters } => {
-            let (shown, text) = read_text(file, stdin)?;
+            let (shown, text) = read_text(file, stdin, |path, source| CliError::ReadJobFile {
+                path,
+                source,
+            })?;
             if crate::workflows::is_workflow(&text) {
                 return crate::workflows::submit(
                     &client(cli)?,
@@ -374,8 +377,13 @@ async fn execute(
     Ok(0)
 }
 
-/// Reads a file to submit; `-` is standard input. Returns the name to show and the text.
-fn read_text(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<(String, String), CliError> {
+/// Reads a file a command takes; `-` is standard input. Returns the name to show and the
+/// text; `unreadable` names the error when it cannot be read.
+pub(crate) fn read_text(
+    path: &Path,
+    stdin: &mut (dyn Read + Send),
+    unreadable: fn(String, io::Error) -> CliError,
+) -> Result<(String, String), CliError> {
     let (shown, text) = if path == Path::new("-") {
         let mut text = String::new();
         let read = stdin.read_to_string(&mut text);
@@ -383,10 +391,7 @@ fn read_text(path: &Path, stdin: &mut (dyn Read + Send)) -> Result<(String, Stri
     } else {
         (path.display().to_string(), std::fs::read_to_string(path))
     };
-    let text = text.map_err(|source| CliError::ReadJobFile {
-        path: shown.clone(),
-        source,
-    })?;
+    let text = text.map_err(|source| unreadable(shown.clone(), source))?;
     Ok((shown, text))
 }
 

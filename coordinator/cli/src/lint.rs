@@ -7,6 +7,7 @@ use std::path::Path;
 
 use nightshift_common::{LintFinding, LintReport};
 
+use crate::cli::read_text;
 use crate::error::CliError;
 
 /// Reads `path` (`-` is standard input), checks it and prints the verdict.
@@ -16,15 +17,8 @@ pub fn run(
     out: &mut (dyn Write + Send),
     json: bool,
 ) -> Result<i32, CliError> {
-    let (shown, text) = if path == Path::new("-") {
-        let mut text = String::new();
-        let read = stdin.read_to_string(&mut text);
-        ("<stdin>".to_owned(), read.map(|_| text))
-    } else {
-        (path.display().to_string(), std::fs::read_to_string(path))
-    };
-    let text = text.map_err(|source| CliError::ReadWorkflowFile {
-        path: shown.clone(),
+    let (shown, text) = read_text(path, stdin, |path, source| CliError::ReadWorkflowFile {
+        path,
         source,
     })?;
     let report = report(&shown, &text);
