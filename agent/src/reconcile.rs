@@ -24,6 +24,7 @@ use nightshift_planner::{
 use tokio::time::Instant;
 
 use crate::config::AgentConfig;
+use crate::engine::registry::RegistryAuth;
 use crate::engine::{Container, ContainerState, Engine, EngineError, ImageInfo};
 use crate::gpus::{GpuError, Gpus};
 use crate::host::Host;
@@ -526,18 +527,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         }
         self.free_image_space().await;
         let engine = self.engine.clone();
-        let auth = self.cfg.registry.auth_for(image);
+        let auth = self.auth_for(image);
         let owned = image.to_owned();
-        let task = tokio::spawn(async move {
-            match auth {
-                Ok(auth) => engine.pull(&owned, auth.as_ref()).await,
-                Err(e) => Err(EngineError::PullFailed {
-                    registry: crate::engine::registry::registry_of(&owned),
-                    image: owned,
-                    reason: format!("reading the registry credentials: {e}"),
-                }),
-            }
-        });
+        let task = tokio::spawn(async move { engine.pull(&owned, auth?.as_ref()).await });
         self.pulls.insert(image.to_owned(), (Instant::now(), task));
     }
 
@@ -647,16 +639,21 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         if self.engine.image(image).await?.is_some() {
             return Ok(());
         }
-        let auth = self
-            .cfg
+        let auth = self.auth_for(image)?;
+        self.engine.pull(image, auth.as_ref()).await.map(|_| ())
+    }
+
+    /// The credentials to pull `image` with; a credentials file that cannot be read fails
+    /// the pull, naming the registry.
+    fn auth_for(&self, image: &str) -> Result<Option<RegistryAuth>, EngineError> {
+        self.cfg
             .registry
             .auth_for(image)
             .map_err(|e| EngineError::PullFailed {
-                image: image.clone(),
+                image: image.to_owned(),
                 registry: crate::engine::registry::registry_of(image),
                 reason: format!("reading the registry credentials: {e}"),
-            })?;
-        self.engine.pull(image, auth.as_ref()).await.map(|_| ())
+            })
     }
 
     /// Starts a container for each lease, each in its own checkpoint directory.
