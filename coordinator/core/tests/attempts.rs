@@ -4,25 +4,7 @@
 mod sim;
 
 use nightshift_common::{AttemptEnding, JobRunState, JobState};
-use nightshift_core::{Core, CoreSnapshot};
 use sim::{Cluster, config, spec};
-
-fn restart(c: &mut Cluster) {
-    let (next_job_id, next_lease_id, next_epoch) = c.core.next_ids();
-    let snapshot = CoreSnapshot {
-        jobs: c.core.jobs(),
-        nodes: c
-            .core
-            .node_names()
-            .filter_map(|n| c.core.node_snapshot(n))
-            .collect(),
-        next_job_id,
-        next_lease_id,
-        next_epoch,
-        profiles: Vec::new(),
-    };
-    c.core = Core::restore(config(0), snapshot, c.now);
-}
 
 #[test]
 fn a_finished_job_still_says_where_each_attempt_ran_and_how_it_ended() {
@@ -56,7 +38,7 @@ fn a_finished_job_still_says_where_each_attempt_ran_and_how_it_ended() {
         };
     }
     c.run(3);
-    restart(&mut c);
+    c.restart(config(0));
     c.run(40);
 
     let job = c.core.job(1).unwrap();

@@ -5,8 +5,7 @@
 mod sim;
 
 use nightshift_common::{JobRunState, JobState};
-use nightshift_core::{Core, CoreSnapshot};
-use sim::{Cluster, config, spec};
+use sim::{Cluster, config, spec, states};
 
 /// Where each job's current lease is, by job id: `1@a 2@b`.
 fn placed(c: &Cluster) -> String {
@@ -14,15 +13,6 @@ fn placed(c: &Cluster) -> String {
         .jobs()
         .iter()
         .filter_map(|j| Some(format!("{}@{}", j.id, j.leases.first()?.node)))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn states(c: &Cluster) -> String {
-    c.core
-        .jobs()
-        .iter()
-        .map(|j| format!("{}:{}#{}", j.id, j.state.as_str(), j.attempt))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -96,20 +86,7 @@ fn a_restarted_core_still_prefers_the_node_holding_the_checkpoint() {
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].0, 1, "a holds job 1's checkpoint");
     assert!(c.core.node_snapshot("b").unwrap().checkpoints.is_empty());
-    let (next_job_id, next_lease_id, next_epoch) = c.core.next_ids();
-    let snapshot = CoreSnapshot {
-        jobs: c.core.jobs(),
-        nodes: c
-            .core
-            .node_names()
-            .filter_map(|n| c.core.node_snapshot(n))
-            .collect(),
-        next_job_id,
-        next_lease_id,
-        next_epoch,
-        profiles: Vec::new(),
-    };
-    c.core = Core::restore(config(0), snapshot, c.now);
+    c.restart(config(0));
     assert_eq!(c.core.node_snapshot("a").unwrap().checkpoints, held);
     c.run(2);
     lose_job_1_on_a(&mut c);

@@ -5,22 +5,13 @@ mod sim;
 
 use nightshift_common::{JobState, NodeMode};
 use nightshift_core::{Core, CoreSnapshot, Effect, Violation};
-use sim::{Cluster, config, spec};
+use sim::{Cluster, config, spec, states};
 
 fn modes(c: &Cluster) -> String {
     c.core
         .nodes(c.now)
         .iter()
         .map(|n| format!("{}={:?}", n.name, n.mode))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn states(c: &Cluster) -> String {
-    c.core
-        .jobs()
-        .iter()
-        .map(|j| format!("{}:{}#{}", j.id, j.state.as_str(), j.attempt))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -204,20 +195,7 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
     c.core.submit(c.now, spec("later", 4)).unwrap();
     c.run(8);
     let before = c.core.jobs();
-    let (next_job_id, next_lease_id, next_epoch) = c.core.next_ids();
-    let snapshot = CoreSnapshot {
-        jobs: before.clone(),
-        nodes: c
-            .core
-            .node_names()
-            .filter_map(|n| c.core.node_snapshot(n))
-            .collect(),
-        next_job_id,
-        next_lease_id,
-        next_epoch,
-        profiles: Vec::new(),
-    };
-    let restored = Core::restore(config(0), snapshot, c.now);
+    let restored = Core::restore(config(0), c.snapshot(), c.now);
     let after = restored.jobs();
     assert_eq!(after.len(), 2);
     for (b, a) in before.iter().zip(&after) {

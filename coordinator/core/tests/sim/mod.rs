@@ -10,7 +10,7 @@ use nightshift_common::{
     CheckpointPolicy, CheckpointStorage, GpuInfo, GpuStatus, Heartbeat, HostFacts, JobRun,
     JobRunState, JobSpec, ReplicaState, ReplicaStatus, RetryPolicy, ServingSignals,
 };
-use nightshift_core::{Core, CoreConfig, ScaleDown, ScaleUp, ServicePolicy};
+use nightshift_core::{Core, CoreConfig, CoreSnapshot, ScaleDown, ScaleUp, ServicePolicy};
 
 pub const TICK_MS: u64 = 1_000;
 
@@ -272,6 +272,16 @@ impl SimAgent {
 }
 
 /// A core and its simulated agents on a virtual clock.
+/// Each job's id, state and attempt: `1:running#1 2:queued#1`.
+pub fn states(c: &Cluster) -> String {
+    c.core
+        .jobs()
+        .iter()
+        .map(|j| format!("{}:{}#{}", j.id, j.state.as_str(), j.attempt))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub struct Cluster {
     pub core: Core,
     pub agents: Vec<SimAgent>,
@@ -319,6 +329,28 @@ impl Cluster {
             self.step();
             self.assert_invariants();
         }
+    }
+
+    /// The core's durable state, as the coordinator persists it.
+    pub fn snapshot(&self) -> CoreSnapshot {
+        let (next_job_id, next_lease_id, next_epoch) = self.core.next_ids();
+        CoreSnapshot {
+            jobs: self.core.jobs(),
+            nodes: self
+                .core
+                .node_names()
+                .filter_map(|n| self.core.node_snapshot(n))
+                .collect(),
+            next_job_id,
+            next_lease_id,
+            next_epoch,
+            profiles: Vec::new(),
+        }
+    }
+
+    /// Restarts the core from its durable state, with `config`.
+    pub fn restart(&mut self, config: CoreConfig) {
+        self.core = Core::restore(config, self.snapshot(), self.now);
     }
 
     pub fn assert_invariants(&self) {
