@@ -24,6 +24,7 @@ use nightshift_coordinator::config::{
     CoordinatorConfig, ScaleDownConfig, ScaleUpConfig, ServiceConfig,
 };
 
+pub mod marked;
 pub mod secrets;
 
 pub const VLLM_IMAGE: &str = "nightshift/vllm-standin:dev";

@@ -2,43 +2,13 @@
 //! `nightshift rerun` runs the very same image after its tag moved; and each step's output
 //! through `nightshift logs RUN STEP`.
 
-use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use nightshift_cli::client::Client;
-use nightshift_common::{PipelineRunView, PipelineSubmit};
+use nightshift_common::PipelineRunView;
 use nightshift_tests::*;
 
 const STARTUP: Duration = Duration::from_secs(120);
-
-/// One step printing a mark that its image sets, kept as an output parameter.
-fn marking(image: &str) -> String {
-    format!(
-        r#"apiVersion: argoproj.io/v1alpha1
-kind: Workflow
-metadata:
-  generateName: pinned-
-spec:
-  entrypoint: main
-  templates:
-  - name: main
-    steps:
-    - - name: mark
-        template: print-mark
-  - name: print-mark
-    container:
-      image: {image}
-      command: [sh, -c]
-      args: ["echo $PIN_MARK | tee /tmp/mark"]
-    outputs:
-      parameters:
-      - name: mark
-        valueFrom:
-          path: /tmp/mark
-"#
-    )
-}
 
 /// A step that fails on its first try and talks, then waits, on its second.
 const TALKER: &str = r#"apiVersion: argoproj.io/v1alpha1
@@ -60,54 +30,6 @@ spec:
       command: [sh, -c]
       args: ["echo try-{{retries}}; if [ {{retries}} = 0 ]; then exit 3; fi; sleep 300"]
 "#;
-
-async fn submit(client: &Client, text: &str) -> PipelineRunView {
-    client
-        .submit_pipeline(&PipelineSubmit {
-            file: "test.yaml".into(),
-            text: text.to_owned(),
-            parameters: BTreeMap::new(),
-        })
-        .await
-        .expect("submit")
-}
-
-async fn finished(client: &Client, id: u64) -> PipelineRunView {
-    wait_for(&format!("run {id} to finish"), STARTUP, || async {
-        let v = client.pipeline(id).await.ok()?;
-        (v.phase != "Running").then_some(v)
-    })
-    .await
-}
-
-/// Builds `tag` as busybox with `PIN_MARK=mark` and returns its image ID.
-fn build_marked(tag: &str, mark: &str) -> String {
-    let mut build = Command::new("docker")
-        .args(["build", "-q", "-t", tag, "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("docker build");
-    use std::io::Write;
-    build
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("FROM busybox:latest\nENV PIN_MARK={mark}\n").as_bytes())
-        .unwrap();
-    let out = build.wait_with_output().unwrap();
-    assert!(out.status.success(), "docker build {tag}");
-    image_id(tag)
-}
-
-fn image_id(reference: &str) -> String {
-    let out = Command::new("docker")
-        .args(["image", "inspect", "--format", "{{.Id}}", reference])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "docker image inspect {reference}");
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
 
 /// Removes the images this test built, by ID (the first one has lost its tag by then).
 struct RemoveImages(Vec<String>);
@@ -133,7 +55,7 @@ async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
     let mut built = RemoveImages(Vec::new());
     let _cleanup = Cleanup(node.clone());
     let tag = format!("nightshift-test/{node}:latest");
-    let first = build_marked(&tag, "first");
+    let first = marked::build(None, &tag, "first");
     built.0.push(first.clone());
     let dir = tempfile::tempdir().unwrap();
     let coordinator = TestCoordinator::start(&coordinator_config(&dir.path().join("state"))).await;
@@ -143,7 +65,7 @@ async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
         2,
     )
     .await;
-    let text = marking(&tag);
+    let text = marked::workflow(&tag);
     let step = |v: &PipelineRunView| {
         v.nodes
             .iter()
@@ -152,7 +74,7 @@ async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
             .unwrap_or_else(|| panic!("no step mark in {:#?}", v.nodes))
     };
 
-    let original = finished(&client, submit(&client, &text).await.id).await;
+    let original = marked::finished(&client, marked::submit(&client, &text).await.id).await;
     assert_eq!(original.phase, "Succeeded", "{original:#?}");
     let ran = step(&original);
     assert_eq!(ran.outputs.get("mark").map(String::as_str), Some("first"));
@@ -164,12 +86,12 @@ async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
     assert!(tree.contains(&format!("image {short}")), "{tree}");
 
     // The tag moves to another image.
-    let second = build_marked(&tag, "second");
+    let second = marked::build(None, &tag, "second");
     built.0.push(second.clone());
     assert_ne!(first, second);
 
     let rerun = client.rerun_pipeline(original.id).await.unwrap();
-    let rerun = finished(&client, rerun.id).await;
+    let rerun = marked::finished(&client, rerun.id).await;
     assert_eq!(rerun.phase, "Succeeded", "{rerun:#?}");
     let again = step(&rerun);
     assert_eq!(again.outputs.get("mark").map(String::as_str), Some("first"));
@@ -182,12 +104,12 @@ async fn a_rerun_runs_the_recorded_image_after_the_tag_moved() {
 
     // A rerun of the rerun still runs the first image; a new submission runs the tag's.
     let twice = client.rerun_pipeline(rerun.id).await.unwrap();
-    let twice = finished(&client, twice.id).await;
+    let twice = marked::finished(&client, twice.id).await;
     assert_eq!(
         step(&twice).outputs.get("mark").map(String::as_str),
         Some("first")
     );
-    let fresh = finished(&client, submit(&client, &text).await.id).await;
+    let fresh = marked::finished(&client, marked::submit(&client, &text).await.id).await;
     let fresh = step(&fresh);
     assert_eq!(
         fresh.outputs.get("mark").map(String::as_str),
@@ -202,7 +124,7 @@ async fn logs_of_a_step_by_name_and_try() {
     require_images();
     let one = OneNode::start("steplogs", 2).await;
     let (client, coordinator) = (&one.client, &one.coordinator);
-    let run = submit(client, TALKER).await.id;
+    let run = marked::submit(client, TALKER).await.id;
     let id = run.to_string();
     // The second try runs (and waits) once the first failed.
     let jobs = wait_for("the second try to run", STARTUP, || async {

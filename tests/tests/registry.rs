@@ -4,7 +4,6 @@
 //! a rerun after the tag moved runs the old digest, and a wrong password fails the job with
 //! the registry named while the node runs the next job.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,7 +12,7 @@ use std::time::Duration;
 
 use nightshift_agent::gpus::fake::FakeGpus;
 use nightshift_cli::client::Client;
-use nightshift_common::{JobState, PipelineRunView, PipelineSubmit};
+use nightshift_common::{JobState, PipelineRunView};
 use nightshift_tests::*;
 
 const STARTUP: Duration = Duration::from_secs(120);
@@ -93,27 +92,9 @@ fn docker(config: &Path, args: &[&str]) -> std::process::Output {
 
 /// Builds busybox with `PIN_MARK=mark` as `tag` and pushes it; returns the image's ID.
 fn push_marked(config: &Path, tag: &str, mark: &str) -> String {
-    let mut build = Command::new("docker")
-        .arg("--config")
-        .arg(config)
-        .args(["build", "-q", "-t", tag, "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("docker build");
-    build
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("FROM busybox:latest\nENV PIN_MARK={mark}\n").as_bytes())
-        .unwrap();
-    let out = build.wait_with_output().unwrap();
-    assert!(out.status.success(), "docker build {tag}");
+    let id = marked::build(Some(config), tag, mark);
     docker(config, &["push", "-q", tag]);
-    String::from_utf8(docker(config, &["image", "inspect", "--format", "{{.Id}}", tag]).stdout)
-        .unwrap()
-        .trim()
-        .to_owned()
+    id
 }
 
 /// Removes these images from the engine, by ID, whatever names them.
@@ -160,52 +141,8 @@ fn write_auth(path: &Path, registry: &str, password: &str) {
     .unwrap();
 }
 
-fn marking(image: &str) -> String {
-    format!(
-        r#"apiVersion: argoproj.io/v1alpha1
-kind: Workflow
-metadata:
-  generateName: pulled-
-spec:
-  entrypoint: main
-  templates:
-  - name: main
-    steps:
-    - - name: mark
-        template: print-mark
-  - name: print-mark
-    container:
-      image: {image}
-      command: [sh, -c]
-      args: ["echo $PIN_MARK | tee /tmp/mark"]
-    outputs:
-      parameters:
-      - name: mark
-        valueFrom:
-          path: /tmp/mark
-"#
-    )
-}
-
 async fn run_pipeline(client: &Client, text: &str) -> PipelineRunView {
-    let id = client
-        .submit_pipeline(&PipelineSubmit {
-            file: "test.yaml".into(),
-            text: text.to_owned(),
-            parameters: BTreeMap::new(),
-        })
-        .await
-        .expect("submit")
-        .id;
-    finished(client, id).await
-}
-
-async fn finished(client: &Client, id: u64) -> PipelineRunView {
-    wait_for(&format!("run {id} to finish"), STARTUP, || async {
-        let v = client.pipeline(id).await.ok()?;
-        (v.phase != "Running").then_some(v)
-    })
-    .await
+    marked::finished(client, marked::submit(client, text).await.id).await
 }
 
 fn mark_step(v: &PipelineRunView) -> nightshift_common::PipelineNodeView {
@@ -266,7 +203,7 @@ async fn jobs_pull_from_a_registry_pin_the_digest_and_name_a_refusing_registry()
     let (_agent, _) = start_agent_with(cfg, Arc::new(FakeGpus::new(&node, 2))).await;
 
     // The agent pulls it with its credentials; the step's job is pinned to the digest.
-    let original = run_pipeline(&client, &marking(&tag)).await;
+    let original = run_pipeline(&client, &marked::workflow(&tag)).await;
     assert_eq!(original.phase, "Succeeded", "{original:#?}");
     let ran = mark_step(&original);
     assert_eq!(ran.outputs.get("mark").map(String::as_str), Some("first"));
@@ -288,7 +225,7 @@ async fn jobs_pull_from_a_registry_pin_the_digest_and_name_a_refusing_registry()
     assert_ne!(first, second);
     remove_images(&images.0);
     let rerun = client.rerun_pipeline(original.id).await.unwrap();
-    let rerun = finished(&client, rerun.id).await;
+    let rerun = marked::finished(&client, rerun.id).await;
     assert_eq!(rerun.phase, "Succeeded", "{rerun:#?}");
     let again = mark_step(&rerun);
     assert_eq!(
