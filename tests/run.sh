@@ -10,29 +10,22 @@ if ! docker info >/dev/null 2>&1; then
     exit 1
 fi
 
-# The engine tests build a tiny FROM-scratch image around the host's static busybox.
-if [ ! -x /bin/busybox ]; then
-    echo "tests/run.sh: installing busybox-static (for the engine tests' image)"
+# What the tests run besides Docker, from Debian's packages, installed when missing (one
+# `apt-get update` for all):
+# - busybox-static: the engine tests build a tiny FROM-scratch image around the static busybox;
+# - nginx: tests/tests/nginx.rs runs it (a throwaway process, no service) before two replicas;
+# - docker-registry, apache2-utils: tests/tests/registry.rs and the cluster rig run a registry
+#   (a throwaway process) with htpasswd auth.
+missing=()
+[ -x /bin/busybox ] || missing+=(busybox-static)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "tests/run.sh: installing ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -qq
-    $sudo apt-get install -y -qq busybox-static >/dev/null
-fi
-
-# tests/tests/nginx.rs runs open-source nginx (a throwaway process, no service) in front of
-# two replicas.
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
-    echo "tests/run.sh: installing nginx (for the load balancer test)"
-    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq nginx >/dev/null
-fi
-
-# tests/tests/registry.rs runs Debian's docker-registry (a throwaway process) with htpasswd auth.
-if ! command -v docker-registry >/dev/null 2>&1 || ! command -v htpasswd >/dev/null 2>&1; then
-    echo "tests/run.sh: installing docker-registry and apache2-utils (for the registry test)"
-    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq docker-registry apache2-utils >/dev/null
+    $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # rustls runs on ring only: aws-lc-sys must not be anywhere in the graph (docs: crates.md §3).
