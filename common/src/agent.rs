@@ -89,7 +89,8 @@ pub struct HostFacts {
     pub checkpoint_volume_free_bytes: Option<u64>,
     /// Where this agent keeps jobs' checkpoints: with `local` (and from agents that predate
     /// the field) the node holds the checkpoint of each job it ran, and only it can resume
-    /// it; with `shared` every host mounts them and any may.
+    /// it; with `shared` every host mounts them, and with `object` every host reaches the
+    /// same bucket, so any may.
     #[serde(default, skip_serializing_if = "CheckpointStorage::is_local")]
     pub checkpoint_storage: CheckpointStorage,
 }
@@ -103,6 +104,9 @@ pub enum CheckpointStorage {
     Local,
     /// On a directory every host mounts at the same path.
     Shared,
+    /// In an S3-compatible bucket every host reaches: restored into the attempt's local
+    /// directory before it starts, uploaded after its container stops.
+    Object,
 }
 
 impl CheckpointStorage {

@@ -13,9 +13,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use nightshift_common::{
-    AttemptMember, CheckpointStorage, DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState,
-    JobSpec, JobState, JobView, LeaseGrant, LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous,
-    SpecError, UnixMillis,
+    AttemptMember, DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, JobSpec, JobState,
+    JobView, LeaseGrant, LeaseView, NodeGpuView, NodeMode, NodeView, Rendezvous, SpecError,
+    UnixMillis,
 };
 
 use crate::checkpoint::Checkpoints;
@@ -328,7 +328,8 @@ impl Core {
         n.last_heartbeat = Some(now);
         n.applied_version = beat.applied_version;
         if let Some(host) = &beat.host {
-            n.checkpoints_shared = host.checkpoint_storage == CheckpointStorage::Shared;
+            // Shared directories and buckets alike: any host resumes from the newest.
+            n.checkpoints_shared = !host.checkpoint_storage.is_local();
         }
         n.gpu_status = beat.gpus;
         let replica = n.replica.replace(beat.replica);

@@ -46,7 +46,8 @@ pub struct Node {
     /// and releases: the decisions read every node's every second, and a lookup in the table
     /// per node was most of their cost. The invariant checks compare it with the table.
     pub(crate) held: Held,
-    /// Its agent keeps checkpoints on storage every node mounts (its host facts say so):
+    /// Its agent keeps checkpoints on storage every node reaches, a shared directory or a
+    /// bucket (its host facts say so):
     /// what it reports holding, any node can resume.
     pub checkpoints_shared: bool,
 }

@@ -1,10 +1,10 @@
 //! Where a job's next attempt goes when only one node holds its checkpoint (local storage):
 //! back to that node when it can take the job, elsewhere (from nothing) when it cannot; and
-//! no preference at all when checkpoints are on shared storage.
+//! no preference at all when checkpoints are on shared storage or in a bucket.
 
 mod sim;
 
-use nightshift_common::{JobRunState, JobState};
+use nightshift_common::{CheckpointStorage, JobRunState, JobState};
 use sim::{Cluster, config, spec, states};
 
 /// Where each job's current lease is, by job id: `1@a 2@b`.
@@ -20,11 +20,11 @@ fn placed(c: &Cluster) -> String {
 /// Job 1 (1 GPU) runs on `a` with a checkpoint there; job 3 (2 GPUs) runs on `b`, which so
 /// has 2 GPUs free; `a` has 3 free once job 2 (3 GPUs, short) is done. Best fit would put
 /// job 1's next attempt on `b`.
-fn one_job_with_a_checkpoint_on_a(shared: bool) -> Cluster {
+fn one_job_with_a_checkpoint_on_a(storage: CheckpointStorage) -> Cluster {
     let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
     for a in &mut c.agents {
         a.durations.extend([(1, 1_000), (2, 12), (3, 1_000)]);
-        a.shared_checkpoints = shared;
+        a.checkpoint_storage = storage;
     }
     c.core.submit(c.now, spec("resumes", 1)).unwrap();
     c.run(8);
@@ -56,7 +56,7 @@ fn lose_job_1_on_a(c: &mut Cluster) {
 
 #[test]
 fn the_next_attempt_goes_back_to_the_node_holding_the_checkpoint_over_best_fit() {
-    let mut c = one_job_with_a_checkpoint_on_a(false);
+    let mut c = one_job_with_a_checkpoint_on_a(CheckpointStorage::Local);
     lose_job_1_on_a(&mut c);
     let job = c.core.job(1).unwrap();
     assert_eq!(
@@ -72,7 +72,7 @@ fn the_next_attempt_goes_back_to_the_node_holding_the_checkpoint_over_best_fit()
 
 #[test]
 fn with_shared_storage_any_node_resumes_so_best_fit_places_it() {
-    let mut c = one_job_with_a_checkpoint_on_a(true);
+    let mut c = one_job_with_a_checkpoint_on_a(CheckpointStorage::Shared);
     lose_job_1_on_a(&mut c);
     assert_eq!(c.core.job(1).unwrap().attempt, 2);
     assert_eq!(placed(&c), "1@b 3@b");
@@ -80,8 +80,21 @@ fn with_shared_storage_any_node_resumes_so_best_fit_places_it() {
 }
 
 #[test]
+fn with_object_storage_any_node_resumes_so_best_fit_places_it() {
+    let mut c = one_job_with_a_checkpoint_on_a(CheckpointStorage::Object);
+    lose_job_1_on_a(&mut c);
+    assert_eq!(c.core.job(1).unwrap().attempt, 2);
+    assert_eq!(
+        placed(&c),
+        "1@b 3@b",
+        "no preference for a: every node reaches the bucket"
+    );
+    assert!(c.core.node_snapshot("a").unwrap().checkpoints.is_empty());
+}
+
+#[test]
 fn a_restarted_core_still_prefers_the_node_holding_the_checkpoint() {
-    let mut c = one_job_with_a_checkpoint_on_a(false);
+    let mut c = one_job_with_a_checkpoint_on_a(CheckpointStorage::Local);
     let held = c.core.node_snapshot("a").unwrap().checkpoints;
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].0, 1, "a holds job 1's checkpoint");
@@ -95,7 +108,7 @@ fn a_restarted_core_still_prefers_the_node_holding_the_checkpoint() {
 
 #[test]
 fn when_the_node_holding_it_cannot_take_the_job_it_runs_elsewhere_and_its_checkpoint_moves() {
-    let mut c = one_job_with_a_checkpoint_on_a(false);
+    let mut c = one_job_with_a_checkpoint_on_a(CheckpointStorage::Local);
     let first = c.core.job(1).unwrap().leases[0].clone();
     // a falls silent: its lease expires, and a is no node to place on.
     c.agent("a").silent = true;
@@ -124,7 +137,7 @@ fn when_the_node_holding_it_cannot_take_the_job_it_runs_elsewhere_and_its_checkp
 
 #[test]
 fn a_finished_job_is_preferred_nowhere() {
-    let mut c = one_job_with_a_checkpoint_on_a(false);
+    let mut c = one_job_with_a_checkpoint_on_a(CheckpointStorage::Local);
     c.core.cancel(c.now, 1).unwrap();
     c.run(5);
     assert_eq!(c.core.job(1).unwrap().state, JobState::Cancelled);
@@ -134,11 +147,11 @@ fn a_finished_job_is_preferred_nowhere() {
 /// Job 1 (1 GPU) ran on `b` (a's GPUs were unhealthy then) and left a checkpoint there; a
 /// surge takes `b` back, and once the load is gone one node is lent again: `a` comes first
 /// in lending order, `b` holds the checkpoint.
-fn reclaimed_from_b_then_lent_again(shared: bool) -> Cluster {
+fn reclaimed_from_b_then_lent_again(storage: CheckpointStorage) -> Cluster {
     let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
     for a in &mut c.agents {
         a.durations.insert(1, 1_000);
-        a.shared_checkpoints = shared;
+        a.checkpoint_storage = storage;
     }
     for g in 0..4 {
         c.agent("a").unhealthy.insert(g, "xid 79".into());
@@ -160,12 +173,12 @@ fn reclaimed_from_b_then_lent_again(shared: bool) -> Cluster {
 
 #[test]
 fn lending_lends_the_node_holding_the_checkpoint_before_the_first_in_its_order() {
-    let c = reclaimed_from_b_then_lent_again(false);
+    let c = reclaimed_from_b_then_lent_again(CheckpointStorage::Local);
     assert_eq!(placed(&c), "1@b");
 }
 
 #[test]
 fn with_shared_storage_lending_keeps_its_order() {
-    let c = reclaimed_from_b_then_lent_again(true);
+    let c = reclaimed_from_b_then_lent_again(CheckpointStorage::Shared);
     assert_eq!(placed(&c), "1@a");
 }

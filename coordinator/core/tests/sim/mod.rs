@@ -83,7 +83,7 @@ pub struct SimAgent {
     /// GPUs the agent reports unhealthy, and why.
     pub unhealthy: BTreeMap<u32, String>,
     /// The agent keeps checkpoints on storage every node mounts (its host facts say so).
-    pub shared_checkpoints: bool,
+    pub checkpoint_storage: CheckpointStorage,
 }
 
 impl SimAgent {
@@ -107,7 +107,7 @@ impl SimAgent {
             exit_codes: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             unhealthy: BTreeMap::new(),
-            shared_checkpoints: false,
+            checkpoint_storage: CheckpointStorage::Local,
         }
     }
 
@@ -239,8 +239,8 @@ impl SimAgent {
             applied_version: self.applied,
             phases: vec![],
             expired_leases: vec![],
-            host: self.shared_checkpoints.then(|| HostFacts {
-                checkpoint_storage: CheckpointStorage::Shared,
+            host: (!self.checkpoint_storage.is_local()).then(|| HostFacts {
+                checkpoint_storage: self.checkpoint_storage,
                 ..HostFacts::default()
             }),
             agent_url: None,
