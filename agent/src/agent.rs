@@ -152,7 +152,18 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         ),
     ));
     tasks.spawn(long_poll(uplink, shared.clone()));
-    let reconciler = Reconciler::new(cfg, engine, gpus, serving, shared.clone()).with_host(host);
+    let mut reconciler =
+        Reconciler::new(cfg.clone(), engine, gpus, serving, shared.clone()).with_host(host);
+    if cfg.checkpoints.storage == crate::config::CheckpointStorage::Object
+        && let Some(object) = &cfg.checkpoints.object
+    {
+        let bucket = crate::bucket::Bucket::new(object)?;
+        tracing::info!(
+            node = %node, endpoint = %object.endpoint, bucket = %object.bucket,
+            prefix = %object.key_prefix(), "checkpoints kept in the bucket"
+        );
+        reconciler = reconciler.with_bucket(Arc::new(bucket));
+    }
     tasks.spawn(reconcile_loop(reconciler));
     Ok(AgentHandle {
         shared,

@@ -76,12 +76,18 @@ pub struct CheckpointsConfig {
     /// With `storage = "shared"`: a directory mounted at this same path on every host (NFS,
     /// Lustre, ...); checkpoints live under `shared_dir/jobs/ID/checkpoints/EPOCH`.
     pub shared_dir: Option<PathBuf>,
+    /// With `storage = "object"`: the S3-compatible bucket (`[checkpoints.object]`); each
+    /// attempt's directory stays under `work_dir`, restored from the bucket before it starts
+    /// and uploaded after its container stops (see [`crate::bucket`]).
+    pub object: Option<crate::bucket::ObjectConfig>,
 }
 
 /// `local`: under `work_dir` on the host that ran the job (a later attempt on another host
 /// starts from nothing, so the coordinator prefers the host that holds it); `shared`: under
 /// `checkpoints.shared_dir`, which every host mounts at the same path (any host resumes from
-/// the newest). The heartbeat tells the coordinator which.
+/// the newest); `object`: in the bucket of `[checkpoints.object]`, which every host reaches
+/// (any host resumes from the newest complete upload). The heartbeat tells the coordinator
+/// which.
 pub use nightshift_common::CheckpointStorage;
 
 /// What the agent does on its own when the coordinator is silent.
@@ -346,13 +352,36 @@ impl AgentConfig {
                     ),
                 });
             }
-            (CheckpointStorage::Local, Some(_)) => {
+            (CheckpointStorage::Local | CheckpointStorage::Object, Some(_)) => {
                 return invalid(
                     "checkpoints.shared_dir",
                     "is read only with checkpoints.storage = \"shared\"",
                 );
             }
             _ => {}
+        }
+        match (self.checkpoints.storage, &self.checkpoints.object) {
+            (CheckpointStorage::Object, None) => {
+                return invalid(
+                    "checkpoints.storage",
+                    "\"object\" needs [checkpoints.object]: endpoint, bucket, credentials_file",
+                );
+            }
+            (CheckpointStorage::Object, Some(object)) => {
+                if let Err(e) = object.check() {
+                    return Err(ConfigError::Invalid {
+                        key: e.key,
+                        rule: e.reason,
+                    });
+                }
+            }
+            (_, Some(_)) => {
+                return invalid(
+                    "checkpoints.object",
+                    "is read only with checkpoints.storage = \"object\"",
+                );
+            }
+            (_, None) => {}
         }
         // Read now, so that a bad file stops the agent at start rather than its first pull.
         if let Err(e) = self.registry.credentials() {
@@ -647,6 +676,75 @@ mod tests {
         );
         let e = err("[checkpoints]\nstorage = \"s3\"\n");
         assert!(e.contains("line 2") && e.contains("s3"), "{e}");
+    }
+
+    #[test]
+    fn object_storage_needs_a_bucket_and_a_credentials_file_and_names_the_bad_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        let creds = dir.path().join("s3.credentials");
+        std::fs::write(
+            &creds,
+            "[default]\naws_access_key_id = AKID\naws_secret_access_key = hush-hush\n",
+        )
+        .unwrap();
+        let good = format!(
+            "[checkpoints]\nstorage = \"object\"\n[checkpoints.object]\n\
+             endpoint = \"http://127.0.0.1:9000\"\nbucket = \"ckpt\"\nprefix = \"team\"\n\
+             credentials_file = {:?}\n",
+            creds.display().to_string()
+        );
+        std::fs::write(&path, &good).unwrap();
+        let cfg = AgentConfig::load(Some(&path)).unwrap();
+        assert_eq!(cfg.checkpoints.storage, CheckpointStorage::Object);
+        let object = cfg.checkpoints.object.as_ref().unwrap();
+        assert_eq!(
+            (object.region.as_str(), object.key_prefix()),
+            ("us-east-1", "team/".into())
+        );
+        assert_eq!(
+            cfg.checkpoint_root(),
+            cfg.work_dir,
+            "attempt directories stay local"
+        );
+
+        let file = path.display();
+        let err = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            AgentConfig::load(Some(&path)).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err("[checkpoints]\nstorage = \"object\"\n"),
+            format!(
+                "{file}: line 2: checkpoints.storage: \"object\" needs [checkpoints.object]: \
+                 endpoint, bucket, credentials_file"
+            )
+        );
+        let e = err(&good.replace("http://127.0.0.1:9000", "ftp://x"));
+        assert!(
+            e.contains("checkpoints.object.endpoint: \"ftp://x\" is not an http"),
+            "{e}"
+        );
+        let e = err(&good.replace("\"ckpt\"", "\"No_Such\""));
+        assert!(e.contains("checkpoints.object.bucket:"), "{e}");
+        let e = err(&good.replace("s3.credentials", "missing.credentials"));
+        assert!(
+            e.contains("checkpoints.object.credentials_file:") && e.contains("missing.credentials"),
+            "{e}"
+        );
+        std::fs::write(&creds, "[default]\naws_access_key_id = AKID\n").unwrap();
+        let e = err(&good);
+        assert!(
+            e.contains("checkpoints.object.credentials_file:")
+                && e.contains("no aws_secret_access_key"),
+            "{e}"
+        );
+        assert!(!e.contains("AKID"), "{e}");
+        let e = err(&good.replace("\"object\"\n", "\"local\"\n"));
+        assert!(
+            e.contains("checkpoints.object: is read only with checkpoints.storage = \"object\""),
+            "{e}"
+        );
     }
 
     #[test]

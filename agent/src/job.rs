@@ -199,6 +199,25 @@ impl JobDirs {
     }
 }
 
+/// Opens what was restored into `dir` to the job directories' group, as [`copy_tree`]
+/// does: directories [`JOB_DIR_MODE`], files readable and writable by the group, so that a
+/// job running as another user can still update what it resumes from.
+pub fn open_to_group(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(JOB_DIR_MODE))?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            open_to_group(&entry.path())?;
+        } else if kind.is_file() {
+            let mode = entry.metadata()?.permissions().mode() | 0o060;
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
 /// Copies the directory `from` to `to` (which must not exist): files, directories and
 /// symbolic links, with their modification times; pipes and sockets are left out.
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {

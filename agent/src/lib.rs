@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod bucket;
 pub mod config;
 pub mod engine;
 #[cfg(any(test, feature = "fakes"))]

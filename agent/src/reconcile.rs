@@ -23,6 +23,7 @@ use nightshift_planner::{
 };
 use tokio::time::Instant;
 
+use crate::bucket::{Bucket, BucketError, Restored};
 use crate::config::AgentConfig;
 use crate::engine::registry::RegistryAuth;
 use crate::engine::{Container, ContainerState, Engine, EngineError, ImageInfo};
@@ -94,6 +95,20 @@ pub struct Reconciler<E, G, S> {
     /// The ids of the images that leases waiting to start need, this round: kept.
     wanted: HashSet<String>,
     host: Arc<dyn Host>,
+    /// The bucket of object checkpoint storage; `None` with other storage.
+    bucket: Option<Arc<Bucket>>,
+    /// Restores under way, by lease id, with the lease.
+    restores: HashMap<
+        u64,
+        (
+            LeaseGrant,
+            tokio::task::JoinHandle<Result<Restored, BucketError>>,
+        ),
+    >,
+    /// Leases whose checkpoint was restored, and whether their container started since.
+    restored: HashMap<u64, (LeaseGrant, Restored, bool)>,
+    /// The exited job containers whose checkpoint upload was started.
+    uploading: HashSet<String>,
 }
 
 /// How often a sequence that waits looks again.
@@ -130,7 +145,18 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             pulls: HashMap::new(),
             wanted: HashSet::new(),
             host: Arc::new(SysinfoHost::new()),
+            bucket: None,
+            restores: HashMap::new(),
+            restored: HashMap::new(),
+            uploading: HashSet::new(),
         }
+    }
+
+    /// Keeps checkpoints in `bucket` (object storage): restored before each attempt
+    /// starts, uploaded after its container stops.
+    pub fn with_bucket(mut self, bucket: Arc<Bucket>) -> Self {
+        self.bucket = Some(bucket);
+        self
     }
 
     /// Reads the host's facts (the checkpoint volume's free space) from `host`.
@@ -193,6 +219,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             // The host's facts only while a job waits to start: reading them also restarts
             // the CPU-use window that heartbeats report.
             self.reap_pulls(&leases, &obs.containers).await;
+            self.start_uploads(&obs.containers);
+            obs.unrestored = self.reap_restores(&leases, &obs.containers).await;
             let waiting: Vec<String> =
                 nightshift_planner::unstarted(&leases, &obs.containers, &self.mem)
                     .iter()
@@ -285,6 +313,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             replica,
             checkpoint_free_bytes: None,
             missing_images: Default::default(),
+            unrestored: Default::default(),
         })
     }
 
@@ -392,6 +421,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 Step::StartJobs(leases) => self.start_jobs(&leases).await?,
                 Step::Pull { image, .. } => {
                     self.start_pull(&image).await;
+                    return Ok(true);
+                }
+                Step::Restore(leases) => {
+                    self.start_restores(&leases);
                     return Ok(true);
                 }
                 Step::FailStart { lease, message } => self.fail_start(&lease, message),
@@ -656,6 +689,179 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             })
     }
 
+    /// Starts restoring each lease's checkpoint from the bucket in the background, unless
+    /// under way: the attempt's own directory (any leftover of an earlier try removed; no
+    /// container has used it) is filled with the newest complete checkpoint below its
+    /// epoch. See [`Reconciler::reap_restores`].
+    fn start_restores(&mut self, leases: &[LeaseGrant]) {
+        let Some(bucket) = &self.bucket else {
+            return;
+        };
+        for lease in leases {
+            if self.restores.contains_key(&lease.lease_id) {
+                continue;
+            }
+            let dir = JobDirs::attempt(
+                &self.cfg.work_dir,
+                self.cfg.checkpoint_root(),
+                lease.job_id,
+                lease.epoch,
+            )
+            .checkpoint;
+            let (bucket, node) = (bucket.clone(), self.node().to_owned());
+            let (job, epoch) = (lease.job_id, lease.epoch);
+            let task = tokio::spawn(async move {
+                if tokio::fs::try_exists(&dir).await.unwrap_or(false) {
+                    tokio::fs::remove_dir_all(&dir)
+                        .await
+                        .map_err(|source| BucketError::Local {
+                            path: dir.display().to_string(),
+                            source,
+                        })?;
+                }
+                if let Some(parent) = dir.parent() {
+                    tokio::fs::create_dir_all(parent).await.map_err(|source| {
+                        BucketError::Local {
+                            path: parent.display().to_string(),
+                            source,
+                        }
+                    })?;
+                }
+                let restored = bucket.restore(job, epoch, &node, &dir).await?;
+                crate::job::open_to_group(&dir).map_err(|source| BucketError::Local {
+                    path: dir.display().to_string(),
+                    source,
+                })?;
+                Ok(restored)
+            });
+            self.restores.insert(lease.lease_id, (lease.clone(), task));
+        }
+    }
+
+    /// Takes in the restores that ended (a failed one fails its lease's start, naming the
+    /// bucket and the reason), forgets the leases no longer listed (uploading the directory
+    /// of one restored but never started, so that a later attempt waits for no upload), and
+    /// answers the leases waiting to start that are still to be restored.
+    async fn reap_restores(
+        &mut self,
+        leases: &[LeaseGrant],
+        containers: &[Container],
+    ) -> BTreeSet<u64> {
+        if self.bucket.is_none() {
+            return BTreeSet::new();
+        }
+        let done: Vec<u64> = self
+            .restores
+            .iter()
+            .filter(|(_, (_, task))| task.is_finished())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let Some((lease, task)) = self.restores.remove(&id) else {
+                continue;
+            };
+            let result = task.await.unwrap_or_else(|e| {
+                Err(BucketError::Local {
+                    path: "restore task".into(),
+                    source: std::io::Error::other(e),
+                })
+            });
+            match result {
+                Ok(restored) => {
+                    tracing::info!(
+                        node = %self.node(), job.id = lease.job_id, lease.epoch = lease.epoch,
+                        from_epoch = ?restored.from_epoch, files = restored.files,
+                        bytes = restored.bytes, waited_s = restored.waited.as_secs_f64(),
+                        "checkpoint restored from the bucket"
+                    );
+                    self.restored.insert(id, (lease, restored, false));
+                }
+                Err(e) => self.fail_start(&lease, format!("restoring the checkpoint: {e}")),
+            }
+        }
+        let listed: HashSet<u64> = leases.iter().map(|l| l.lease_id).collect();
+        let gone: Vec<u64> = self
+            .restored
+            .keys()
+            .chain(self.restores.keys())
+            .filter(|id| !listed.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            if let Some((_, task)) = self.restores.remove(&id) {
+                task.abort();
+            }
+            if let Some((lease, _, started)) = self.restored.remove(&id) {
+                let has_container = jobs(containers).any(|c| lease_of(c) == Some(id));
+                if !started && !has_container {
+                    self.upload(lease.job_id, lease.epoch, None);
+                }
+            }
+        }
+        nightshift_planner::unstarted(leases, containers, &self.mem)
+            .into_iter()
+            .filter(|l| !self.restored.contains_key(&l.lease_id))
+            .map(|l| l.lease_id)
+            .collect()
+    }
+
+    /// Starts uploading the checkpoint directory of every job container that stopped
+    /// (object storage), once per container: in the background, so that the node's other
+    /// leases go on and a reclaim gives the GPUs back as soon as the container is stopped.
+    fn start_uploads(&mut self, containers: &[Container]) {
+        if self.bucket.is_none() {
+            return;
+        }
+        self.uploading
+            .retain(|id| containers.iter().any(|c| &c.id == id));
+        for c in jobs(containers) {
+            if !matches!(c.state, ContainerState::Exited { .. }) || self.uploading.contains(&c.id) {
+                continue;
+            }
+            let (Some(job), Some(epoch)) =
+                (label_u64(c, labels::JOB_ID), label_u64(c, labels::EPOCH))
+            else {
+                continue;
+            };
+            self.uploading.insert(c.id.clone());
+            // Stopped by the agent (a reclaim or a preemption): the upload is a phase of that
+            // sequence; a job that ended on its own is simply uploaded.
+            let stopped = self.mem.stopped.contains(&c.id);
+            self.upload(job, epoch, stopped.then_some(Instant::now()));
+        }
+    }
+
+    /// Uploads the checkpoint directory of `job`'s attempt of `epoch` in the background;
+    /// records `upload_checkpoint` (reclaim) when it ends, with `phase_began`.
+    fn upload(&self, job: u64, epoch: u64, phase_began: Option<Instant>) {
+        let Some(bucket) = self.bucket.clone() else {
+            return;
+        };
+        let dir =
+            JobDirs::attempt(&self.cfg.work_dir, self.cfg.checkpoint_root(), job, epoch).checkpoint;
+        let (node, shared) = (self.node().to_owned(), self.shared.clone());
+        tokio::spawn(async move {
+            let began = Instant::now();
+            match bucket.upload(job, epoch, &node, &dir).await {
+                Ok(manifest) => {
+                    let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
+                    tracing::info!(
+                        node = %node, job.id = job, lease.epoch = epoch,
+                        files = manifest.files.len(), bytes,
+                        took_s = began.elapsed().as_secs_f64(), "checkpoint uploaded"
+                    );
+                    if let Some(t) = phase_began {
+                        shared.record_phase(SequenceKind::Reclaim, "upload_checkpoint", t);
+                    }
+                }
+                Err(e) => tracing::error!(
+                    node = %node, job.id = job, lease.epoch = epoch, error = %e,
+                    "checkpoint upload failed: a later attempt resumes from an older one"
+                ),
+            }
+        });
+    }
+
     /// Starts a container for each lease, each in its own checkpoint directory.
     async fn start_jobs(&mut self, leases: &[LeaseGrant]) -> Result<(), ReconcileError> {
         let started = Instant::now();
@@ -667,12 +873,19 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 lease.job_id,
                 lease.epoch,
             );
-            dirs.seed()
-                .and_then(|()| dirs.create())
-                .map_err(|source| ReconcileError::JobDirs {
+            match self.restored.get(&lease.lease_id) {
+                // Object storage: the directory was restored from the bucket.
+                Some((_, restored, _)) => dirs.resumed_from = restored.from_epoch,
+                None if self.bucket.is_some() => {}
+                None => dirs.seed().map_err(|source| ReconcileError::JobDirs {
                     path: self.cfg.checkpoint_root().display().to_string(),
                     source,
-                })?;
+                })?,
+            }
+            dirs.create().map_err(|source| ReconcileError::JobDirs {
+                path: self.cfg.checkpoint_root().display().to_string(),
+                source,
+            })?;
             let mut spec = job::container_spec(
                 self.node(),
                 lease,
@@ -689,10 +902,15 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 self.mem.fenced.insert(*g, lease.epoch);
             }
             match self.engine.run(&spec).await {
-                Ok(id) => tracing::info!(
-                    node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
-                    lease.epoch = lease.epoch, gpus = ?lease.gpus, container = %id, "job started"
-                ),
+                Ok(id) => {
+                    if let Some((_, _, started)) = self.restored.get_mut(&lease.lease_id) {
+                        *started = true;
+                    }
+                    tracing::info!(
+                        node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+                        lease.epoch = lease.epoch, gpus = ?lease.gpus, container = %id, "job started"
+                    )
+                }
                 // The lease's own fault: its attempt fails (reported in the heartbeat) and
                 // the node's other leases go on.
                 Err(

@@ -52,6 +52,10 @@ pub struct Observation {
     /// The images of leases waiting to start that are not on the host (to pull); read only
     /// while a lease waits for its job to start.
     pub missing_images: BTreeSet<String>,
+    /// The leases waiting to start whose checkpoint is not restored yet (by lease id):
+    /// with object storage, each attempt's checkpoint is fetched from the bucket before its
+    /// job starts. Always empty with other storage.
+    pub unrestored: BTreeSet<u64>,
 }
 
 /// The running replica's vLLM as probed this round.
@@ -243,6 +247,10 @@ pub enum Step {
         image: String,
         leases: Vec<LeaseGrant>,
     },
+    /// Restores these leases' checkpoints from the bucket (object storage), while the
+    /// replica (if any) still serves: the executor starts each restore in the background
+    /// (once) and looks again a poll later. A restore that fails fails its lease's start.
+    Restore(Vec<LeaseGrant>),
     /// The lease's job cannot start, for this reason: reported as failed to start.
     FailStart {
         lease: Box<LeaseGrant>,
@@ -326,6 +334,9 @@ pub fn plan(
         // Images are pulled before the drain begins: the replica serves during the pull,
         // and no GPU waits idle for one.
         vec![pull]
+    } else if let Some(restore) = restore(leases, obs, mem) {
+        // So are checkpoints restored: a restore may wait for another host's upload.
+        vec![restore]
     } else if !leases.is_empty()
         && leases
             .iter()
@@ -432,6 +443,16 @@ fn pull(leases: &[LeaseGrant], obs: &Observation, mem: &Memory) -> Option<Step> 
             .cloned()
             .collect(),
     })
+}
+
+/// The leases waiting to start whose checkpoint is still to be restored, if any.
+fn restore(leases: &[LeaseGrant], obs: &Observation, mem: &Memory) -> Option<Step> {
+    let waiting: Vec<LeaseGrant> = unstarted(leases, &obs.containers, mem)
+        .into_iter()
+        .filter(|l| obs.unrestored.contains(&l.lease_id))
+        .cloned()
+        .collect();
+    (!waiting.is_empty()).then_some(Step::Restore(waiting))
 }
 
 /// The leases with no container yet and no failure to start one.

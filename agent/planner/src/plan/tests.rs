@@ -108,6 +108,7 @@ fn serving_host(running: f64, used: u64) -> Observation {
         replica: Some(probe(running)),
         checkpoint_free_bytes: Some(100 * GIB),
         missing_images: Default::default(),
+        unrestored: Default::default(),
     }
 }
 
@@ -316,6 +317,7 @@ fn unleased_jobs_are_stopped_first_with_their_grace() {
         replica: None,
         checkpoint_free_bytes: None,
         missing_images: Default::default(),
+        unrestored: Default::default(),
     };
     let stop = |reclaim| {
         vec![Step::StopJobs {
@@ -358,6 +360,7 @@ fn reclaim_confirms_the_gpus_free_then_starts_the_replica_and_waits_for_health()
         replica: None,
         checkpoint_free_bytes: None,
         missing_images: Default::default(),
+        unrestored: Default::default(),
     };
     let mem = memory(
         ReplicaState::Stopped,
@@ -491,6 +494,44 @@ fn a_missing_image_is_pulled_before_the_drain_begins() {
     );
     // Once every leased image is there, the drain begins.
     obs.missing_images.clear();
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &serving, t0)[0],
+        Step::Replica(ReplicaEvent::DrainBegan)
+    );
+}
+
+#[test]
+fn checkpoints_are_restored_before_the_drain_begins() {
+    let (cfg, t0) = (cfg(), t0());
+    let mut l = [lease(1, 1, vec![0, 1]), lease(2, 1, vec![2, 3])];
+    l[1].job.image = "registry:5000/eval:2".into();
+    let lend = desired(false, &l);
+    let mut obs = serving_host(3.0, 70 * GIB);
+    obs.unrestored = [2].into();
+    obs.missing_images = ["registry:5000/eval:2".to_owned()].into();
+    let serving = memory(ReplicaState::Serving, None);
+    // Images first (a pull is the longer wait, and the restore then runs beside nothing).
+    assert!(matches!(
+        plan(&cfg, Some(&lend), &l, &obs, &serving, t0)[..],
+        [Step::Pull { .. }]
+    ));
+    obs.missing_images.clear();
+    // The replica still serves: only the restore, for the lease that needs it.
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &serving, t0),
+        [Step::Restore(vec![l[1].clone()])]
+    );
+    // A lease whose start failed (its restore did) is not restored again.
+    let mut failed = serving.clone();
+    failed
+        .start_failures
+        .insert(2, StartFailure::new(&l[1], "restoring failed".into()));
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &failed, t0)[0],
+        Step::Replica(ReplicaEvent::DrainBegan)
+    );
+    // Once restored, the drain begins.
+    obs.unrestored.clear();
     assert_eq!(
         plan(&cfg, Some(&lend), &l, &obs, &serving, t0)[0],
         Step::Replica(ReplicaEvent::DrainBegan)
