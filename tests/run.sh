@@ -15,18 +15,32 @@ fi
 # - busybox-static: the engine tests build a tiny FROM-scratch image around the static busybox;
 # - nginx: tests/tests/nginx.rs runs it (a throwaway process, no service) before two replicas;
 # - docker-registry, apache2-utils: tests/tests/registry.rs and the cluster rig run a registry
-#   (a throwaway process) with htpasswd auth.
+#   (a throwaway process) with htpasswd auth;
+# - python3-venv: the S3 server below installs into a virtual environment.
 missing=()
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
+python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "tests/run.sh: installing ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -qq
     $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# An S3-compatible server for object checkpoint storage (tests/tests/checkpoint_object.rs and
+# the rig's follow-object scenario): moto, from PyPI, in a virtual environment under target/,
+# made once. The tests find its moto_server through NIGHTSHIFT_TEST_MOTO.
+moto_venv="$root/target/moto-venv"
+if [ ! -x "$moto_venv/bin/moto_server" ]; then
+    echo "tests/run.sh: installing moto[server] in $moto_venv"
+    rm -rf "$moto_venv"
+    python3 -m venv "$moto_venv"
+    "$moto_venv/bin/pip" install -q 'moto[server]'
+fi
+export NIGHTSHIFT_TEST_MOTO="$moto_venv/bin/moto_server"
 
 # rustls runs on ring only: aws-lc-sys must not be anywhere in the graph (docs: crates.md §3).
 if cargo tree --workspace -i aws-lc-sys >/dev/null 2>&1; then
