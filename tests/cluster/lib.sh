@@ -42,6 +42,18 @@ nsc_docker() {
   DOCKER_CONFIG=$NSC_STATE/docker-client docker -H "unix://$(nsc_sock "$i")" "$@"
 }
 
+# Starts host i's agent inside its namespace, with its own host name and engine, on
+# $NSC_STATE/gpuI/agent.toml; its pid in agent.pid, its output appended to agent.log.
+nsc_agent_start() {
+  local i=$1 dir=$NSC_STATE/gpu$1
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  H=$(nsc_host "$i") setsid ip netns exec "$(nsc_netns "$i")" unshare --uts sh -c 'hostname "$H"; exec "$@"' sh \
+    env DOCKER_HOST="unix://$(nsc_sock "$i")" \
+    "$NSC_BIN/nightshift-agent" run --config "$dir/agent.toml" \
+    >>"$dir/agent.log" 2>&1 </dev/null &
+  echo $! >"$dir/agent.pid"
+}
+
 # How many hosts the rig that is up has (0 when none).
 nsc_hosts() { cat "$NSC_STATE/hosts" 2>/dev/null || echo 0; }
 

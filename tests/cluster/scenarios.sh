@@ -15,6 +15,11 @@
 #   follow    a job checkpointing every 10 steps is preempted on host A (a surge at the
 #             gateway takes A back); A's agent is then stopped, so the job runs on another
 #             host, and resumes there from the newest checkpoint of the shared directory
+#   follow-object
+#             the same with object storage: moto (an S3 server) on the rig's gateway address,
+#             every agent restarted with [checkpoints] storage = "object"; the preempted
+#             attempt's upload lands in the bucket under its epoch (reported as the reclaim's
+#             upload_checkpoint phase) and the next attempt, on another host, restores it
 #   clean     down.sh leaves nothing; a second up.sh 3 and down.sh leave nothing either
 # The scenarios are called through `scenario NAME FUNCTION`, which shellcheck cannot follow.
 # shellcheck disable=SC2317
@@ -285,6 +290,126 @@ s_follow() {
   say "job $id resumed on $where from step $resumed of epoch $pre_epoch and finished"
 }
 
+# s3 METHOD PATH [CURL ARGS...]: a request to the rig's S3 server (moto), signed as the agents'
+# credentials sign theirs (moto checks no signature, but a real server would).
+s3() {
+  local method=$1 path=$2
+  shift 2
+  curl -sf --max-time 5 -X "$method" --aws-sigv4 "aws:amz:us-east-1:s3" \
+    --user "$(sed -n 's/^aws_access_key_id = //p' "$NSC_STATE/s3.credentials"):$(sed -n 's/^aws_secret_access_key = //p' "$NSC_STATE/s3.credentials")" \
+    "$@" "http://$NSC_GW:$NSC_MOTO_PORT$path"
+}
+
+# The keys under PREFIX of the rig's bucket, one a line.
+s3_keys() { s3 GET "/$NSC_BUCKET?list-type=2&prefix=$1" | grep -o '<Key>[^<]*</Key>' | sed 's/<[^>]*>//g'; }
+
+NSC_MOTO_PORT=5002
+NSC_BUCKET=nightshift-rig
+
+# Starts moto on the gateway address, makes the bucket, and restarts every agent with its
+# checkpoints in the bucket (prefix rig/). moto runs through a link under $NSC_STATE, so that
+# down.sh finds and stops it like the rig's other processes.
+object_storage() {
+  local moto=${NIGHTSHIFT_TEST_MOTO:-$NSC_REPO/target/moto-venv/bin/moto_server} i pid dir
+  [ -x "$moto" ] || fail "no moto_server at $moto (tests/run.sh installs it in target/moto-venv)" || return 1
+  mkdir -p "$NSC_STATE/moto"
+  ln -sf "$moto" "$NSC_STATE/moto/moto_server"
+  setsid "$NSC_STATE/moto/moto_server" -H "$NSC_GW" -p "$NSC_MOTO_PORT" >"$NSC_STATE/moto.log" 2>&1 </dev/null &
+  echo $! >"$NSC_STATE/moto/pid"
+  (umask 077 && printf '[default]\naws_access_key_id = nightshift-rig\naws_secret_access_key = %s\n' \
+    "$(od -An -tx1 -N12 /dev/urandom | tr -d ' \n')" >"$NSC_STATE/s3.credentials")
+  for _ in $(seq 1 100); do
+    s3 PUT "/$NSC_BUCKET" -o /dev/null && break
+    sleep 0.1
+  done
+  s3 GET "/$NSC_BUCKET?list-type=2" -o /dev/null || fail "moto did not answer at $NSC_GW:$NSC_MOTO_PORT" || return 1
+  for i in $(seq 1 "$N"); do
+    dir=$NSC_STATE/gpu$i
+    pid=$(cat "$dir/agent.pid")
+    kill "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    sed -i -e 's|^storage = "shared"$|storage = "object"|' \
+      -e "s|^shared_dir = .*|[checkpoints.object]\\nendpoint = \"http://$NSC_GW:$NSC_MOTO_PORT\"\\nbucket = \"$NSC_BUCKET\"\\nprefix = \"rig\"\\ncredentials_file = \"$NSC_STATE/s3.credentials\"\\nupload_wait_s = 30.0|" \
+      "$dir/agent.toml"
+    "$NSC_BIN/nightshift-agent" validate --config "$dir/agent.toml" >/dev/null || fail "gpu$i's agent.toml with object storage" || return 1
+    nsc_agent_start "$i"
+  done
+  for _ in $(seq 1 200); do
+    [ "$(nightshift nodes -o json 2>/dev/null | jq '[.nodes[] | select(.reachable and .replica.state == "serving")] | length')" = "$N" ] && break
+    sleep 0.1
+  done
+  [ "$(nightshift nodes -o json | jq '[.nodes[] | select(.reachable and .replica.state == "serving")] | length')" = "$N" ] ||
+    fail "not every agent serves again after the restart with object storage" || return 1
+  say "moto at $NSC_GW:$NSC_MOTO_PORT, bucket $NSC_BUCKET; $N agents restarted with storage = \"object\""
+}
+
+s_follow_object() {
+  local id j a pre_epoch ep keys newest phase where state resumed
+  [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  object_storage || return 1
+  trainer_job "$NSC_STATE/scn-follow-object.yaml" scn-follow-object "$IMAGE" 4 TRAINER_TARGET_STEP=600 \
+    TRAINER_STEPS_PER_SEC=50 TRAINER_CHECKPOINT_EVERY=10
+  id=$(submit "$NSC_STATE/scn-follow-object.yaml")
+  [[ $id =~ ^[0-9]+$ ]] || fail "submit: $id" || return 1
+  for _ in $(seq 1 120); do
+    j=$(job_json "$id")
+    [ "$(jq -r .state <<<"$j")" = running ] && [ "$(jq -r .last_checkpoint_at <<<"$j")" != null ] && break
+    sleep 0.5
+  done
+  a=$(jq -r '.leases[0].node // empty' <<<"$j")
+  pre_epoch=$(jq -r '.leases[0].epoch // empty' <<<"$j")
+  [[ $a =~ ^gpu[0-9]+$ ]] || fail "job $id is not running with a checkpoint: $j" || return 1
+  ep=$(printf '%020d' "$pre_epoch")
+  say "job $id runs on $a (epoch $pre_epoch) and has checkpointed; a surge takes $a back"
+  surge
+  for _ in $(seq 1 100); do
+    j=$(job_json "$id")
+    [ "$(jq -r .preemptions <<<"$j")" = 1 ] && [ "$(jq -r .state <<<"$j")" != preempting ] && break
+    surge
+    sleep 0.3
+  done
+  [ "$(jq -r .preemptions <<<"$j")" = 1 ] || fail "job $id was not preempted: $j" || return 1
+  # The upload, after the container stopped: the epoch's files, then its manifest.
+  for _ in $(seq 1 60); do
+    keys=$(s3_keys "rig/jobs/$id/checkpoints/")
+    grep -qx "rig/jobs/$id/checkpoints/$ep/MANIFEST.json" <<<"$keys" && break
+    sleep 0.5
+  done
+  grep -qx "rig/jobs/$id/checkpoints/$ep/MANIFEST.json" <<<"$keys" ||
+    fail "no manifest of epoch $pre_epoch in the bucket: ${keys//$'\n'/ }" || return 1
+  newest=$(grep "^rig/jobs/$id/checkpoints/$ep/files/step-" <<<"$keys" |
+    sed 's/.*step-0*\([0-9][0-9]*\)\.ckpt/\1/' | sort -n | tail -1)
+  [[ $newest =~ ^[0-9]+$ ]] || fail "no checkpoint file of epoch $pre_epoch in the bucket" || return 1
+  for _ in $(seq 1 40); do
+    phase=$(nightshift nodes -o json | jq -r --arg n "$a" \
+      '.nodes[] | select(.name == $n) | .recent_phases[]? | select(.phase == "upload_checkpoint" and .sequence == "reclaim") | .duration_ms' | tail -1)
+    [ -n "$phase" ] && break
+    sleep 0.25
+  done
+  [[ $phase =~ ^[0-9]+$ ]] || fail "$a reported no upload_checkpoint phase" || return 1
+  # A cannot take the job back: its agent is stopped (as if the host went away).
+  kill "$(cat "$NSC_STATE/$a/agent.pid")"
+  say "preempted at step $newest, uploaded to the bucket under epoch $pre_epoch in ${phase} ms; $a's agent stopped"
+  for _ in $(seq 1 180); do
+    j=$(job_json "$id")
+    [ "$(jq -r .state <<<"$j")" = running ] && break
+    sleep 0.5
+  done
+  where=$(jq -r '.leases[0].node // empty' <<<"$j")
+  [[ $where =~ ^gpu[0-9]+$ && $where != "$a" ]] || fail "job $id did not run again on another host: $j" || return 1
+  state=$(wait_ended "$id" 60)
+  [ "$state" = succeeded ] || fail "job $id: $state ($(job_field "$id" .message))" || return 1
+  resumed=$(job_field "$id" .outputs.resumed_from_step)
+  [ "$resumed" = "$newest" ] || fail "job $id resumed from step [$resumed], not $newest" || return 1
+  [ "$(job_field "$id" .outputs.resumed_from_epoch)" = "$pre_epoch" ] ||
+    fail "job $id resumed from epoch $(job_field "$id" .outputs.resumed_from_epoch), not $pre_epoch" || return 1
+  [ ! -e "$NSC_STATE/shared/checkpoints/jobs/$id" ] || fail "job $id wrote the shared directory" || return 1
+  grep -q "checkpoint restored from the bucket.*job.id=$id .*from_epoch=Some($pre_epoch)" "$NSC_STATE/$where/agent.log" ||
+    fail "$where's agent did not log restoring epoch $pre_epoch" || return 1
+  say "job $id restored on $where from the bucket (step $resumed of epoch $pre_epoch) and finished"
+  kill "$(cat "$NSC_STATE/moto/pid")" 2>/dev/null
+}
+
 s_clean() {
   local left t
   left=$(nsc_leftovers)
@@ -331,6 +456,8 @@ scenario "pull: an image only the registry holds runs, pinned by digest" s_pull
 scenario "badauth: a wrong registry password fails the job, the next runs" s_badauth
 scenario "gang: a 2-node gang rendezvouses across hosts" s_gang
 scenario "follow: preempted on A, resumes on another host from the shared checkpoint" s_follow
+# Last before down.sh: it restarts every agent with object storage.
+scenario "follow-object: preempted on A, resumes on another host from the bucket" s_follow_object
 
 t=$(nsc_now)
 "$HERE/down.sh" 2>"$LOG-down.log" || { tail -5 "$LOG-down.log"; }

@@ -325,12 +325,7 @@ cert_file = "$dir/tls/$h.pem"
 key_file = "$dir/tls/$h.key"
 EOF
   "$NSC_BIN/nightshift-agent" validate --config "$dir/agent.toml" >/dev/null
-  # shellcheck disable=SC2016 # expanded by the inner sh
-  H=$h setsid ip netns exec "$(nsc_netns "$i")" unshare --uts sh -c 'hostname "$H"; exec "$@"' sh \
-    env DOCKER_HOST="unix://$(nsc_sock "$i")" \
-    "$NSC_BIN/nightshift-agent" run --config "$dir/agent.toml" \
-    >"$dir/agent.log" 2>&1 </dev/null &
-  echo $! >"$dir/agent.pid"
+  nsc_agent_start "$i"
 done
 # An agent is up once its replica serves: GET /ready answers 200.
 for i in $(seq 1 "$N"); do
