@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! PREFIX jobs/JOB/checkpoints/EPOCH/STARTED        written when the attempt is about to start
+//!                                                  (its node and attempt number, JSON)
 //! PREFIX jobs/JOB/checkpoints/EPOCH/files/PATH     what the attempt's directory held, file by file
 //! PREFIX jobs/JOB/checkpoints/EPOCH/MANIFEST.json  written last: the files and their sizes
 //! ```
@@ -15,10 +16,11 @@
 //!
 //! Before an attempt starts, the agent restores the newest complete checkpoint of an epoch
 //! below its own into the attempt's local directory ([`Bucket::restore`]). An epoch above
-//! that one with `STARTED` but no manifest yet is an attempt whose upload may still be
-//! under way (a reclaimed job's upload runs after its GPUs were given back): the restore
-//! waits for its manifest, up to `checkpoints.object.upload_wait_s`, then takes the newest
-//! complete one. After the attempt's container stops, its directory is uploaded
+//! that one with `STARTED` but no manifest yet, of an earlier attempt, is one whose upload
+//! may still be under way (a reclaimed job's upload runs after its GPUs were given back):
+//! the restore waits for its manifest, up to `checkpoints.object.upload_wait_s`, then takes
+//! the newest complete one. The other members of a gang start under epochs of their own
+//! with the same attempt number: their `STARTED` is not waited for. After the attempt's container stops, its directory is uploaded
 //! ([`Bucket::upload`]) in the background, the manifest last.
 //!
 //! Requests are signed with SigV4 (presigned URLs, `rusty-s3`) and sent over hyper with
@@ -338,6 +340,13 @@ pub struct Epochs {
     /// Newer than every complete one, started, and with no manifest yet (newest first): an
     /// upload that may still be under way, or an attempt whose agent died.
     pub pending: Vec<u64>,
+}
+
+/// The content of `STARTED`: who started the epoch, and as which attempt of the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    pub node: String,
+    pub attempt: u32,
 }
 
 /// What an attempt uploaded: written last, so that its presence means complete.
@@ -704,6 +713,7 @@ impl Bucket {
         &self,
         job: u64,
         epoch: u64,
+        attempt: u32,
         node: &str,
         dir: &Path,
     ) -> Result<Restored, BucketError> {
@@ -713,9 +723,22 @@ impl Bucket {
         };
         let began = tokio::time::Instant::now();
         let mut logged = false;
+        // Epochs started by this same attempt (a gang's other members): never waited for.
+        let mut same_attempt = std::collections::BTreeSet::new();
         let epochs = loop {
             let keys = self.list(&self.layout.job(job)).await?;
-            let epochs = self.layout.epochs(job, &keys, epoch);
+            let mut epochs = self.layout.epochs(job, &keys, epoch);
+            for e in epochs.pending.clone() {
+                if same_attempt.contains(&e) {
+                    continue;
+                }
+                let started = self.get(&self.layout.started(job, e)).await?;
+                let theirs = started.and_then(|b| serde_json::from_slice::<Started>(&b).ok());
+                if theirs.is_some_and(|s| s.attempt >= attempt) {
+                    same_attempt.insert(e);
+                }
+            }
+            epochs.pending.retain(|e| !same_attempt.contains(e));
             if epochs.pending.is_empty() || began.elapsed() >= self.upload_wait {
                 if !epochs.pending.is_empty() {
                     tracing::warn!(
@@ -788,9 +811,13 @@ impl Bucket {
         } else {
             tokio::fs::create_dir_all(dir).await.map_err(local(dir))?;
         }
+        let started = Started {
+            node: node.to_owned(),
+            attempt,
+        };
         self.put(
             &self.layout.started(job, epoch),
-            format!("{node}\n").into_bytes(),
+            serde_json::to_vec(&started).unwrap_or_default(),
         )
         .await?;
         Ok(restored)

@@ -709,7 +709,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             )
             .checkpoint;
             let (bucket, node) = (bucket.clone(), self.node().to_owned());
-            let (job, epoch) = (lease.job_id, lease.epoch);
+            let (job, epoch, attempt) = (lease.job_id, lease.epoch, lease.attempt);
             let task = tokio::spawn(async move {
                 if tokio::fs::try_exists(&dir).await.unwrap_or(false) {
                     tokio::fs::remove_dir_all(&dir)
@@ -727,7 +727,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         }
                     })?;
                 }
-                let restored = bucket.restore(job, epoch, &node, &dir).await?;
+                let restored = bucket.restore(job, epoch, attempt, &node, &dir).await?;
                 crate::job::open_to_group(&dir).map_err(|source| BucketError::Local {
                     path: dir.display().to_string(),
                     source,

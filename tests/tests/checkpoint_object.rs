@@ -167,7 +167,7 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
     );
 
     // Attempt 12 restores 9's, the newest, and marks itself started.
-    let r = bucket.restore(job, 12, "c", &at("e12")).await.unwrap();
+    let r = bucket.restore(job, 12, 3, "c", &at("e12")).await.unwrap();
     assert_eq!((r.from_epoch, r.files, r.bytes), (Some(9), 2, 10));
     assert_eq!(read(&at("e12"), "step-20.ckpt"), "twenty");
     assert_eq!(read(&at("e12"), "opt/state"), "adam");
@@ -184,7 +184,7 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
         epochs_with(&keys, &layout, job, "files/step-15.ckpt") == vec![5],
         "the late upload stays under its own epoch: {keys:?}"
     );
-    let r = bucket.restore(job, 13, "c", &at("e13")).await.unwrap();
+    let r = bucket.restore(job, 13, 4, "c", &at("e13")).await.unwrap();
     assert_eq!(
         r.from_epoch,
         Some(9),
@@ -199,7 +199,7 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
         .put(&layout.file(job, 12, "step-30.ckpt"), b"half".to_vec())
         .await
         .unwrap();
-    let r = bucket.restore(job, 14, "c", &at("e14")).await.unwrap();
+    let r = bucket.restore(job, 14, 5, "c", &at("e14")).await.unwrap();
     assert_eq!(r.from_epoch, Some(9));
     assert!(r.waited >= Duration::from_secs(1), "{r:?}");
     assert!(!at("e14").join("step-30.ckpt").exists());
@@ -212,7 +212,7 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
     let waiting = Bucket::new(&slow).unwrap();
     let restore = tokio::spawn({
         let dest = at("e15");
-        async move { waiting.restore(job, 15, "c", &dest).await }
+        async move { waiting.restore(job, 15, 6, "c", &dest).await }
     });
     tokio::time::sleep(Duration::from_millis(700)).await;
     bucket.upload(job, 12, "c", &at("e12")).await.unwrap();
@@ -232,10 +232,21 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
 
     // An attempt that saved nothing is passed over for the newest that saved something.
     bucket.upload(job, 15, "c", &at("empty")).await.unwrap();
-    let r = bucket.restore(job, 16, "c", &at("e16")).await.unwrap();
+    let r = bucket.restore(job, 16, 7, "c", &at("e16")).await.unwrap();
     assert_eq!(r.from_epoch, Some(14));
+    // The members of a gang start under epochs of their own, as one attempt: rank 1's
+    // restore does not wait for rank 0's epoch, started just before, and both restore the
+    // same checkpoint.
+    bucket.upload(job, 16, "c", &at("e16")).await.unwrap();
+    let r0 = bucket.restore(job, 20, 8, "a", &at("e20")).await.unwrap();
+    let r1 = bucket.restore(job, 21, 8, "b", &at("e21")).await.unwrap();
+    assert_eq!((r0.from_epoch, r1.from_epoch), (Some(16), Some(16)));
+    assert!(r1.waited < Duration::from_millis(500), "{r1:?}");
+    // A later attempt does wait for them (here up to upload_wait_s, 1 s).
+    let r = bucket.restore(job, 22, 9, "c", &at("e22")).await.unwrap();
+    assert!(r.waited >= Duration::from_secs(1), "{r:?}");
     // And a job with nothing in the bucket starts from an empty directory.
-    let r = bucket.restore(8, 1, "c", &at("fresh")).await.unwrap();
+    let r = bucket.restore(8, 1, 1, "c", &at("fresh")).await.unwrap();
     assert_eq!((r.from_epoch, r.files), (None, 0));
     assert!(std::fs::read_dir(at("fresh")).unwrap().next().is_none());
 }
@@ -247,7 +258,7 @@ async fn a_wrong_bucket_fails_with_the_bucket_named() {
     let moto = Moto::start(dir.path(), "ckpt-there").await;
     let bucket = Bucket::new(&moto.config("ckpt-missing", "")).unwrap();
     let e = bucket
-        .restore(1, 2, "n", &dir.path().join("x"))
+        .restore(1, 2, 1, "n", &dir.path().join("x"))
         .await
         .unwrap_err()
         .to_string();
