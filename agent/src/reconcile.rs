@@ -111,6 +111,10 @@ pub struct Reconciler<E, G, S> {
     uploading: HashSet<String>,
 }
 
+/// Tries of a checkpoint upload, 2, 4, 8 and 16 s apart (each request is also tried
+/// again on its own).
+const UPLOAD_TRIES: u32 = 5;
+
 /// How often a sequence that waits looks again.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
 
@@ -842,22 +846,39 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         let (node, shared) = (self.node().to_owned(), self.shared.clone());
         tokio::spawn(async move {
             let began = Instant::now();
-            match bucket.upload(job, epoch, &node, &dir).await {
-                Ok(manifest) => {
-                    let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
-                    tracing::info!(
-                        node = %node, job.id = job, lease.epoch = epoch,
-                        files = manifest.files.len(), bytes,
-                        took_s = began.elapsed().as_secs_f64(), "checkpoint uploaded"
-                    );
-                    if let Some(t) = phase_began {
-                        shared.record_phase(SequenceKind::Reclaim, "upload_checkpoint", t);
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match bucket.upload(job, epoch, &node, &dir).await {
+                    Ok(manifest) => {
+                        let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
+                        tracing::info!(
+                            node = %node, job.id = job, lease.epoch = epoch,
+                            files = manifest.files.len(), bytes, tries,
+                            took_s = began.elapsed().as_secs_f64(), "checkpoint uploaded"
+                        );
+                        if let Some(t) = phase_began {
+                            shared.record_phase(SequenceKind::Reclaim, "upload_checkpoint", t);
+                        }
+                        return;
+                    }
+                    // The whole upload again, a while later: the bucket may be back.
+                    Err(e) if tries < UPLOAD_TRIES => {
+                        let wait = Duration::from_secs(1 << tries);
+                        tracing::warn!(
+                            node = %node, job.id = job, lease.epoch = epoch, error = %e,
+                            retry_in_s = wait.as_secs(), "checkpoint upload failed; trying again"
+                        );
+                        tokio::time::sleep(wait).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            node = %node, job.id = job, lease.epoch = epoch, error = %e, tries,
+                            "checkpoint upload failed: a later attempt resumes from an older one"
+                        );
+                        return;
                     }
                 }
-                Err(e) => tracing::error!(
-                    node = %node, job.id = job, lease.epoch = epoch, error = %e,
-                    "checkpoint upload failed: a later attempt resumes from an older one"
-                ),
             }
         });
     }
