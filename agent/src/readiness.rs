@@ -44,13 +44,16 @@ async fn ready(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) 
     }
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> impl axum::response::IntoResponse {
+/// OpenMetrics for Prometheus, the classic text format for others (`promtool`, curl).
+async fn metrics(
+    State(shared): State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
+) -> impl axum::response::IntoResponse {
     shared.telemetry.coordinator_silence(shared.since_contact());
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        shared.telemetry.render(),
-    )
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let (content_type, body) =
+        nightshift_common::exposition::negotiate(shared.telemetry.render(), accept);
+    ([(axum::http::header::CONTENT_TYPE, content_type)], body)
 }

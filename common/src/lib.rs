@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod exposition;
 pub mod job;
 pub mod labels;
 #[cfg(feature = "logging")]

@@ -137,7 +137,11 @@ async fn healthz(axum::extract::State(cluster): axum::extract::State<Arc<Cluster
     }
 }
 
-async fn metrics(axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>) -> Response {
+/// OpenMetrics for Prometheus, the classic text format for others (`promtool`, curl).
+async fn metrics(
+    axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     // The store's sum first, then the core: neither lock is held while the other is read.
     let harvested = cluster.query_store(|store| {
         store.harvested_gpu_ms().unwrap_or_else(|e| {
@@ -150,14 +154,11 @@ async fn metrics(axum::extract::State(cluster): axum::extract::State<Arc<Cluster
             .metrics
             .render(core, crate::cluster::now_ms(), harvested)
     });
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let (content_type, body) = nightshift_common::exposition::negotiate(text, accept);
+    ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// An error answer: a status and an [`ApiError`] body.
