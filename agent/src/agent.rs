@@ -70,14 +70,15 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
     let mut tasks = JoinSet::new();
 
     let (mut readiness_url, mut agent_url, mut metrics_url) = (None, None, None);
-    let mut ready_url = None;
+    let (mut ready_url, mut advertised_metrics) = (None, None);
     if let Some(listener) = readiness {
         let addr = listener.local_addr()?;
         let mut app = crate::readiness::router(shared.clone());
-        match cfg.metrics_listen {
+        let metrics_addr = match cfg.metrics_listen {
             None => {
                 app = app.merge(crate::readiness::metrics_router(shared.clone()));
                 metrics_url = Some(format!("http://{addr}/metrics"));
+                addr
             }
             Some(at) => {
                 let metrics = bind("metrics_listen", at)?;
@@ -89,8 +90,14 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
                         tracing::error!(error = %e, "metrics endpoint failed");
                     }
                 });
+                bound
             }
-        }
+        };
+        // What Prometheus scrapes, found through the coordinator's `/v1/nodes/http_sd`.
+        advertised_metrics = Some(format!(
+            "{}/metrics",
+            advertised("http", metrics_addr, reachable_host(metrics_addr, &cfg))
+        ));
         tasks.spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "readiness endpoint failed");
@@ -122,11 +129,7 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
                 "http"
             }
         };
-        // A loopback listener is reachable there only, whatever the advertised host.
-        let host = (!api_addr.ip().is_loopback())
-            .then_some(cfg.advertise_host.as_deref())
-            .flatten();
-        agent_url = Some(advertised(scheme, api_addr, host));
+        agent_url = Some(advertised(scheme, api_addr, reachable_host(api_addr, &cfg)));
         tracing::info!(node = %node, readiness = %addr, api = %api_addr, tls = scheme == "https", "agent endpoints listening");
     }
 
@@ -137,6 +140,7 @@ pub fn start<E: Engine, G: Gpus, S: ServingMetrics>(
         address: (!cfg.address.is_empty()).then(|| cfg.address.clone()),
         readiness_url,
         agent_url: agent_url.clone(),
+        metrics_url: advertised_metrics,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
     };
     tasks.spawn(heartbeats(
@@ -184,6 +188,14 @@ fn bind(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
 
 /// The base URL others reach this agent at: `advertise_host` (or the listen address when it
 /// is a specific one, else this host's name) with the bound port.
+/// The host to advertise for a listener on `addr`: `advertise_host`, except that a loopback
+/// listener is reachable there only, whatever the advertised host.
+fn reachable_host(addr: std::net::SocketAddr, cfg: &AgentConfig) -> Option<&str> {
+    (!addr.ip().is_loopback())
+        .then_some(cfg.advertise_host.as_deref())
+        .flatten()
+}
+
 fn advertised(scheme: &str, addr: std::net::SocketAddr, host: Option<&str>) -> String {
     let host = match host {
         Some(h) => h.to_owned(),
@@ -235,6 +247,7 @@ async fn heartbeats<G: Gpus, S: ServingMetrics>(
         facts.checkpoint_storage = storage;
         beat.host = Some(facts);
         beat.agent_url = req.agent_url.clone();
+        beat.metrics_url = req.metrics_url.clone();
         // The coordinator renews this node's leases when it receives the heartbeat, after
         // it was sent: counting the fail-safe's silence from the sending keeps the agent's
         // deadline at or before the coordinator's expiry.
@@ -297,6 +310,7 @@ pub async fn observe<G: Gpus, S: ServingMetrics>(
         expired_leases: o.expired_leases,
         host: None,
         agent_url: None,
+        metrics_url: None,
     }
 }
 

@@ -37,6 +37,10 @@ pub struct RegisterRequest {
     /// The agent's own base URL (job logs at `/v1/jobs/ID/logs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_url: Option<String>,
+    /// Where the agent's own metrics answer (`http://host:port/metrics`): the target the
+    /// coordinator's service discovery (`/v1/nodes/http_sd`) gives Prometheus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_url: Option<String>,
     pub agent_version: String,
 }
 
@@ -73,6 +77,9 @@ pub struct Heartbeat {
     /// The agent's base URL, as at registration (so a restarted coordinator knows it too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_url: Option<String>,
+    /// Where its metrics answer, as at registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_url: Option<String>,
 }
 
 /// The host's resources as the agent sees them.

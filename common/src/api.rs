@@ -25,6 +25,19 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every state, in the order above.
+    pub const ALL: [JobState; 9] = [
+        Self::Queued,
+        Self::Starting,
+        Self::Running,
+        Self::Preempting,
+        Self::Cancelling,
+        Self::Failing,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
@@ -355,6 +368,25 @@ fn is_zero(v: &u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_job_state_is_in_all_once() {
+        // The match has no wildcard: a new state fails to compile here until it is placed.
+        let position = |s: JobState| match s {
+            JobState::Queued => 0,
+            JobState::Starting => 1,
+            JobState::Running => 2,
+            JobState::Preempting => 3,
+            JobState::Cancelling => 4,
+            JobState::Failing => 5,
+            JobState::Succeeded => 6,
+            JobState::Failed => 7,
+            JobState::Cancelled => 8,
+        };
+        for (i, s) in JobState::ALL.iter().enumerate() {
+            assert_eq!(position(*s), i, "{s:?}");
+        }
+    }
 
     #[test]
     fn a_job_record_from_before_attempts_were_kept_loads_with_none() {

@@ -101,6 +101,9 @@ pub struct Cluster {
     /// Each agent's base URL, as it last said (register, heartbeats): an address book of the
     /// shell, not a decision, so the core does not hold it.
     agent_urls: Mutex<HashMap<String, String>>,
+    /// Where each agent's metrics answer, as it last said: Prometheus' targets
+    /// (`/v1/nodes/http_sd`).
+    metrics_urls: Mutex<HashMap<String, String>>,
     /// The CA and the coordinator's certificate (`[tls]`), with which the log proxy reaches
     /// agents over HTTPS; none on plain HTTP.
     agent_tls: Mutex<Option<crate::config::TlsConfig>>,
@@ -187,6 +190,7 @@ impl Cluster {
             metrics: crate::metrics::Metrics::default(),
             versions: Mutex::new(versions),
             agent_urls: Mutex::new(HashMap::new()),
+            metrics_urls: Mutex::new(HashMap::new()),
             agent_tls: Mutex::new(None),
             images_recorded: Mutex::new(HashMap::new()),
             decision_us: AtomicU64::new(0),
@@ -286,6 +290,19 @@ impl Cluster {
         if urls.get(node).map(String::as_str) != Some(url) {
             urls.insert(node.to_owned(), url.to_owned());
         }
+    }
+
+    /// Notes where `node`'s agent serves its metrics.
+    pub fn note_metrics_url(&self, node: &str, url: &str) {
+        let mut urls = lock(&self.metrics_urls);
+        if urls.get(node).map(String::as_str) != Some(url) {
+            urls.insert(node.to_owned(), url.to_owned());
+        }
+    }
+
+    /// Where `node`'s agent serves its metrics, once it has said.
+    pub fn metrics_url(&self, node: &str) -> Option<String> {
+        lock(&self.metrics_urls).get(node).cloned()
     }
 
     /// Reach agents over HTTPS with these files (`[tls]` of coordinator.toml).

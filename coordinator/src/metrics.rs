@@ -1,8 +1,13 @@
-//! The coordinator's `/metrics`: GPUs by state, jobs by state, the queue, harvested GPU time,
-//! and the duration of every drain and reclaim phase the agents report, as histograms (the
-//! preemption latency that schedulers rarely publish).
+//! The coordinator's `/metrics`: GPUs by service and state, jobs by state, the queue,
+//! finished jobs and preemptions, harvested GPU time by service, each replica's vLLM queue
+//! (by service and node, as its agent reports it), and the duration of every drain and
+//! reclaim phase the agents report, as histograms (the preemption latency that schedulers
+//! rarely publish). `packaging/grafana/nightshift.json` reads them; `tests/tests/prometheus.rs`
+//! proves every panel of it against a real Prometheus.
 //!
-//! Gauges are computed from the core at each scrape; the phase histograms accumulate as
+//! Gauges are computed from the core at each scrape, and so are the counters of durable
+//! facts (finished jobs and preemptions from the jobs, harvested time from the store's
+//! accounting), which therefore survive a restart; the phase histograms accumulate as
 //! heartbeats bring new phase records (deduplicated by their sequence numbers).
 
 use std::collections::{BTreeMap, HashMap};
@@ -88,30 +93,75 @@ impl Metrics {
         self.decisions.observe(seconds);
     }
 
-    /// The text exposition of every metric, now.
-    pub fn render(&self, core: &Core, now: UnixMillis, harvested_gpu_ms: u64) -> String {
+    /// The text exposition of every metric, now; `harvested_gpu_ms` is the store's
+    /// GPU-milliseconds of ended leases by node.
+    pub fn render(
+        &self,
+        core: &Core,
+        now: UnixMillis,
+        harvested_gpu_ms: &[(String, u64)],
+    ) -> String {
         let mut registry = Registry::with_prefix("nightshift");
+        // Every configured service's every state, zeros included, so that a state no GPU is
+        // in reads 0 rather than no data.
+        let services: Vec<&str> = core
+            .config()
+            .services
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
         let gpus = Family::<Labels, Gauge>::default();
-        for (state, count) in gpu_states(core, now) {
-            gpus.get_or_create(&vec![("state".into(), state.into())])
-                .set(count);
-        }
-        registry.register("gpus", "GPUs by what they are doing", gpus);
-
-        let jobs = Family::<Labels, Gauge>::default();
-        let mut by_state: BTreeMap<&str, i64> = BTreeMap::new();
-        let mut oldest_queued: Option<UnixMillis> = None;
-        for (state, submitted_at) in core.job_states() {
-            *by_state.entry(state.as_str()).or_default() += 1;
-            if state == JobState::Queued {
-                oldest_queued = Some(oldest_queued.map_or(submitted_at, |t| t.min(submitted_at)));
+        for service in &services {
+            for state in GPU_STATES {
+                gpus.get_or_create(&service_labels(service, &[("state", state)]))
+                    .set(0);
             }
         }
-        for (state, count) in &by_state {
-            jobs.get_or_create(&vec![("state".into(), (*state).into())])
-                .set(*count);
+        for ((service, state), count) in gpu_states(core, now) {
+            gpus.get_or_create(&service_labels(service, &[("state", state)]))
+                .set(count);
+        }
+        registry.register("gpus", "GPUs by service and what they are doing", gpus);
+
+        let jobs = Family::<Labels, Gauge>::default();
+        let finished = Family::<Labels, Counter>::default();
+        for state in JobState::ALL {
+            jobs.get_or_create(&vec![("state".into(), state.as_str().into())])
+                .set(0);
+            if state.is_finished() {
+                finished
+                    .get_or_create(&vec![("state".into(), state.as_str().into())])
+                    .inc_by(0);
+            }
+        }
+        let mut oldest_queued: Option<UnixMillis> = None;
+        let (mut queued, mut preemptions) = (0, 0u64);
+        for (state, submitted_at, preempted) in core.job_states() {
+            let labels = vec![("state".into(), state.as_str().into())];
+            jobs.get_or_create(&labels).inc();
+            if state.is_finished() {
+                // A finished job stays so and is never deleted: counting them is a counter.
+                finished.get_or_create(&labels).inc();
+            }
+            if state == JobState::Queued {
+                queued += 1;
+                oldest_queued = Some(oldest_queued.map_or(submitted_at, |t| t.min(submitted_at)));
+            }
+            preemptions += u64::from(preempted);
         }
         registry.register("jobs", "Jobs by state", jobs);
+        registry.register(
+            "jobs_finished",
+            "Jobs that finished, by how (succeeded, failed, cancelled)",
+            finished,
+        );
+        let preempted = Counter::<u64>::default();
+        preempted.inc_by(preemptions);
+        registry.register(
+            "job_preemptions",
+            "Attempts of jobs ended by a preemption (a reclaim, a lost node); each was requeued",
+            preempted,
+        );
 
         let queue_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         queue_age.set(oldest_queued.map_or(0.0, |t| now.saturating_sub(t) as f64 / 1000.0));
@@ -120,16 +170,62 @@ impl Metrics {
             "Age of the oldest queued job",
             queue_age,
         );
-        let queued = Gauge::<i64>::default();
-        queued.set(by_state.get("queued").copied().unwrap_or(0));
-        registry.register("queue_length", "Jobs waiting in the queue", queued);
+        let queue_length = Gauge::<i64>::default();
+        queue_length.set(queued);
+        registry.register("queue_length", "Jobs waiting in the queue", queue_length);
 
-        let harvested = Counter::<f64, std::sync::atomic::AtomicU64>::default();
-        harvested.inc_by(harvested_gpu_ms as f64 / 1000.0);
+        let harvested = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+        for service in &services {
+            harvested
+                .get_or_create(&service_labels(service, &[]))
+                .inc_by(0.0);
+        }
+        for (node, gpu_ms) in harvested_gpu_ms {
+            // A node forgotten since (none is, today) counts under no service.
+            let service = core.node(node).map_or("", |n| n.service.as_str());
+            harvested
+                .get_or_create(&service_labels(service, &[]))
+                .inc_by(*gpu_ms as f64 / 1000.0);
+        }
         registry.register(
             "harvested_gpu_seconds",
-            "GPU-seconds lent to jobs, by ended leases",
+            "GPU-seconds lent to jobs, by the service whose nodes lent them, counted when each lease ends",
             harvested,
+        );
+
+        let (waiting, running) = (
+            Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
+            Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
+        );
+        let ttl = core.config().lease_ttl_ms;
+        for name in core.node_names() {
+            let Some(n) = core.node(name) else { continue };
+            // A silent node's last signals are stale: no series rather than old numbers.
+            let Some(signals) = n
+                .replica
+                .as_ref()
+                .filter(|_| n.reachable(now, ttl))
+                .map(|r| &r.signals)
+            else {
+                continue;
+            };
+            let labels = service_labels(&n.service, &[("node", name)]);
+            if let Some(v) = signals.requests_waiting {
+                waiting.get_or_create(&labels).set(v);
+            }
+            if let Some(v) = signals.requests_running {
+                running.get_or_create(&labels).set(v);
+            }
+        }
+        registry.register(
+            "vllm_requests_waiting",
+            "Requests waiting in each replica's vLLM queue, as its agent last reported",
+            waiting,
+        );
+        registry.register(
+            "vllm_requests_running",
+            "Requests each replica's vLLM is running, as its agent last reported",
+            running,
         );
 
         registry.register(
@@ -149,9 +245,20 @@ impl Metrics {
     }
 }
 
-/// How many GPUs are in each state.
-fn gpu_states(core: &Core, now: UnixMillis) -> BTreeMap<&'static str, i64> {
-    let mut counts: BTreeMap<&'static str, i64> = GPU_STATES.iter().map(|s| (*s, 0)).collect();
+/// `service="S"` then `extra`.
+fn service_labels(service: &str, extra: &[(&str, &str)]) -> Labels {
+    let mut labels = vec![("service".to_owned(), service.to_owned())];
+    labels.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    labels
+}
+
+/// How many GPUs of each service are in each state.
+fn gpu_states(core: &Core, now: UnixMillis) -> BTreeMap<(&str, &'static str), i64> {
+    let mut counts = BTreeMap::new();
     let ttl = core.config().lease_ttl_ms;
     for name in core.node_names() {
         let Some(n) = core.node(name) else { continue };
@@ -181,7 +288,7 @@ fn gpu_states(core: &Core, now: UnixMillis) -> BTreeMap<&'static str, i64> {
             } else {
                 "reclaiming"
             };
-            *counts.entry(state).or_default() += 1;
+            *counts.entry((n.service.as_str(), state)).or_default() += 1;
         }
     }
     counts

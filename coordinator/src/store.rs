@@ -420,16 +420,21 @@ impl Store {
         rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
     }
 
-    /// GPU-milliseconds of every ended lease.
-    pub fn harvested_gpu_ms(&self) -> Result<u64, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT COALESCE(SUM(gpus * (ended_at - started_at)), 0) FROM usage",
-                [],
-                |r| r.get::<_, i64>(0),
+    /// GPU-milliseconds of every ended lease, by node.
+    pub fn harvested_gpu_ms(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT node, SUM(gpus * (ended_at - started_at)) FROM usage
+                 GROUP BY node ORDER BY node",
             )
-            .map(|v| v.max(0) as u64)
-            .map_err(|e| self.sql(e))
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+            })
+            .map_err(|e| self.sql(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
     }
 
     /// Every pipeline run, with its inputs in order and its jobs.

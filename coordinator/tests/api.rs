@@ -98,6 +98,7 @@ impl Server {
             address: None,
             readiness_url: None,
             agent_url: None,
+            metrics_url: None,
             agent_version: "test".into(),
         };
         let (status, _) = self
@@ -245,7 +246,7 @@ async fn a_decision_reaches_a_long_polling_agent_at_once() {
     assert!(
         metrics
             .lines()
-            .any(|l| l == "nightshift_gpus{state=\"lent\"} 2"),
+            .any(|l| l == "nightshift_gpus{service=\"default\",state=\"lent\"} 2"),
         "{metrics}"
     );
 }
@@ -294,6 +295,7 @@ impl Server {
             expired_leases: vec![],
             host: None,
             agent_url: None,
+            metrics_url: None,
         };
         let (status, body) = self
             .post(
@@ -418,6 +420,26 @@ async fn the_report_equals_the_recorded_leases_across_a_restart() {
     assert!((report["savings"].as_f64().unwrap() - recorded * 2.0).abs() < 1e-6);
     assert!(report["equivalent_gpus"].as_f64().unwrap() > 0.0);
     assert_eq!(report["lost_gpu_hours"], 0.0);
+    // /metrics counts the same GPU time, under the service of the node that lent it, and
+    // both jobs as finished.
+    let metrics = s.text("/metrics").await;
+    let seconds: f64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("nightshift_harvested_gpu_seconds_total{service=\"default\"} ")
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no harvested time in:\n{metrics}"));
+    assert!(
+        (seconds / 3600.0 - recorded).abs() < 1e-6,
+        "metrics {seconds} s = recorded {recorded} h"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "nightshift_jobs_finished_total{state=\"succeeded\"} 2"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -436,7 +458,8 @@ async fn metrics_and_service_discovery_show_the_serving_replica() {
         "phases": [
             {"seq": 1, "sequence": "reclaim", "phase": "wait_health", "started_at": 1, "duration_ms": 1500},
             {"seq": 2, "sequence": "reclaim", "phase": "stop_jobs", "started_at": 2, "duration_ms": 200}
-        ]
+        ],
+        "metrics_url": "http://10.0.0.7:7401/metrics"
     });
     for _ in 0..2 {
         // Sent twice: the phases are counted once.
@@ -461,15 +484,30 @@ async fn metrics_and_service_discovery_show_the_serving_replica() {
         .await
         .unwrap();
     assert_eq!(missing.status(), 404);
+    // The agents' own metrics, for Prometheus: where the heartbeat said they are.
+    let sd: Value = serde_json::from_str(&s.text("/v1/nodes/http_sd").await).unwrap();
+    assert_eq!(
+        sd,
+        json!([{"targets": ["10.0.0.7:7401"], "labels": {
+            "node": "n1", "service": "default",
+            "__scheme__": "http", "__metrics_path__": "/metrics"}}])
+    );
 
     let metrics = s.text("/metrics").await;
     for line in [
-        "nightshift_gpus{state=\"serving\"} 4",
-        "nightshift_gpus{state=\"lent\"} 0",
+        "nightshift_gpus{service=\"default\",state=\"serving\"} 4",
+        "nightshift_gpus{service=\"default\",state=\"lent\"} 0",
+        "nightshift_jobs{state=\"queued\"} 0",
         "nightshift_queue_length 0",
         "nightshift_phase_duration_seconds_count{sequence=\"reclaim\",phase=\"wait_health\"} 1",
         "nightshift_phase_duration_seconds_sum{sequence=\"reclaim\",phase=\"stop_jobs\"} 0.2",
-        "nightshift_harvested_gpu_seconds_total 0.0",
+        "nightshift_harvested_gpu_seconds_total{service=\"default\"} 0.0",
+        "nightshift_jobs_finished_total{state=\"succeeded\"} 0",
+        "nightshift_job_preemptions_total 0",
+        "nightshift_vllm_requests_waiting{service=\"default\",node=\"n1\"} 0.0",
+        "nightshift_vllm_requests_running{service=\"default\",node=\"n1\"} 0.0",
+        // The classic text format (this client does not ask for OpenMetrics).
+        "# TYPE nightshift_job_preemptions_total counter",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),

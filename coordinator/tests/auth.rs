@@ -79,6 +79,7 @@ fn registration(node: &str) -> String {
         address: None,
         readiness_url: None,
         agent_url: None,
+        metrics_url: None,
         agent_version: "test".into(),
     })
     .unwrap()

@@ -109,6 +109,7 @@ fn registration(node: &str) -> RegisterRequest {
         service: "default".into(),
         address: None,
         agent_url: None,
+        metrics_url: None,
         readiness_url: None,
         agent_version: "test".into(),
     }

@@ -138,5 +138,6 @@ fn beat(replica: ReplicaState) -> Heartbeat {
         expired_leases: vec![],
         host: None,
         agent_url: None,
+        metrics_url: None,
     }
 }

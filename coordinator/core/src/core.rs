@@ -1186,9 +1186,12 @@ impl Core {
         self.leases.on_node(node)
     }
 
-    /// Each job's state and submission time, without building its view (for counts).
-    pub fn job_states(&self) -> impl Iterator<Item = (JobState, UnixMillis)> + '_ {
-        self.jobs.values().map(|j| (j.state, j.submitted_at))
+    /// Each job's state, submission time and preemptions so far, without building its view
+    /// (for counts).
+    pub fn job_states(&self) -> impl Iterator<Item = (JobState, UnixMillis, u32)> + '_ {
+        self.jobs
+            .values()
+            .map(|j| (j.state, j.submitted_at, j.preemptions))
     }
 
     pub fn next_ids(&self) -> (u64, u64, u64) {

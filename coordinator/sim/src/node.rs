@@ -465,6 +465,7 @@ impl SimNode {
             expired_leases: Vec::new(),
             host: None,
             agent_url: None,
+            metrics_url: None,
         }
     }
 

@@ -61,6 +61,9 @@ pub async fn register(
     if let Some(url) = &req.agent_url {
         cluster.note_agent_url(&req.node, url);
     }
+    if let Some(url) = &req.metrics_url {
+        cluster.note_metrics_url(&req.node, url);
+    }
     tracing::info!(node = %req.node, service = %req.service, gpus = req.gpus.len(), version = %req.agent_version, "agent registered");
     Ok(Json(reply))
 }
@@ -73,6 +76,9 @@ pub async fn heartbeat(
     let beat: Heartbeat = parse("heartbeat", &body)?;
     if let Some(url) = &beat.agent_url {
         cluster.note_agent_url(&node, url);
+    }
+    if let Some(url) = &beat.metrics_url {
+        cluster.note_metrics_url(&node, url);
     }
     cluster.record_images(&node, &beat);
     let (desired, phases) = cluster

@@ -70,6 +70,7 @@ fn build(cluster: Arc<Cluster>, access: Option<access::AccessState>) -> Router {
         .route("/v1/pipelines/{id}", get(pipelines::show))
         .route("/v1/pipelines/{id}/rerun", post(pipelines::rerun))
         .route("/v1/nodes", get(nodes::list))
+        .route("/v1/nodes/http_sd", get(services::nodes_http_sd))
         .route("/v1/report", get(report::report))
         .route("/v1/services/{name}/endpoints", get(services::list))
         .route("/v1/services/{name}/http_sd", get(services::http_sd))
@@ -146,13 +147,13 @@ async fn metrics(
     let harvested = cluster.query_store(|store| {
         store.harvested_gpu_ms().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "reading harvested gpu time failed");
-            0
+            Vec::new()
         })
     });
     let text = cluster.peek(|core| {
         cluster
             .metrics
-            .render(core, crate::cluster::now_ms(), harvested)
+            .render(core, crate::cluster::now_ms(), &harvested)
     });
     let accept = headers
         .get(axum::http::header::ACCEPT)

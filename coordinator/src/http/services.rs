@@ -1,12 +1,13 @@
 //! `/v1/services/{name}/endpoints` and `/v1/services/{name}/http_sd`: service discovery for
 //! load balancers, as JSON and in Prometheus's `http_sd` format. A replica is ready when its
-//! node serves and its agent reports it serving.
+//! node serves and its agent reports it serving. `/v1/nodes/http_sd`: every registered
+//! node's agent metrics, for Prometheus to scrape.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use nightshift_common::{Endpoint, Endpoints, NodeMode, ReplicaState};
 use serde_json::{Value, json};
 
@@ -71,4 +72,87 @@ pub async fn http_sd(
         })
         .collect();
     Ok(Json(Value::Array(groups)))
+}
+
+/// Prometheus `http_sd_config` targets: each registered node's agent `/metrics`, once the
+/// agent has said where that is, labelled with its `node` and `service` (so the agents'
+/// series carry them). Every node is listed, reachable or not: Prometheus' `up` then shows a
+/// silent agent.
+pub async fn nodes_http_sd(State(cluster): State<Arc<Cluster>>) -> Json<Value> {
+    let nodes: Vec<(String, String)> = cluster.peek(|core| {
+        core.node_names()
+            .filter_map(|name| core.node(name))
+            .map(|n| (n.name.clone(), n.service.clone()))
+            .collect()
+    });
+    let groups = nodes
+        .into_iter()
+        .filter_map(|(node, service)| {
+            let url = cluster.metrics_url(&node)?;
+            let Some(target) = scrape_target(&url) else {
+                tracing::warn!(node = %node, url = %url, "the agent's metrics url is not http(s)://host:port/path; left out of /v1/nodes/http_sd");
+                return None;
+            };
+            let (scheme, address, path) = target;
+            Some(json!({
+                "targets": [address],
+                "labels": {
+                    "node": node,
+                    "service": service,
+                    "__scheme__": scheme,
+                    "__metrics_path__": path,
+                },
+            }))
+        })
+        .collect();
+    Json(Value::Array(groups))
+}
+
+/// `http://host:port/path` as Prometheus wants a target: the scheme, `host:port` and the path.
+fn scrape_target(url: &str) -> Option<(String, String, String)> {
+    let uri: Uri = url.parse().ok()?;
+    let scheme = uri
+        .scheme_str()
+        .filter(|s| matches!(*s, "http" | "https"))?;
+    let authority = uri.authority()?;
+    authority.port_u16()?;
+    let path = match uri.path() {
+        "" => "/metrics",
+        p => p,
+    };
+    Some((
+        scheme.to_owned(),
+        authority.as_str().to_owned(),
+        path.to_owned(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scrape_target;
+
+    #[test]
+    fn a_metrics_url_becomes_a_prometheus_target() {
+        let t = |s: &str, a: &str, p: &str| Some((s.to_owned(), a.to_owned(), p.to_owned()));
+        assert_eq!(
+            scrape_target("http://10.0.0.7:7401/metrics"),
+            t("http", "10.0.0.7:7401", "/metrics")
+        );
+        assert_eq!(
+            scrape_target("https://gpu-1.example:9101/m"),
+            t("https", "gpu-1.example:9101", "/m")
+        );
+        assert_eq!(
+            scrape_target("http://[::1]:7401/metrics"),
+            t("http", "[::1]:7401", "/metrics")
+        );
+        for bad in [
+            "10.0.0.7:7401",
+            "ftp://h:1/metrics",
+            "http://h/metrics",
+            "not a url",
+        ] {
+            assert_eq!(scrape_target(bad), None, "{bad}");
+        }
+    }
 }

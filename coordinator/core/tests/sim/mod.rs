@@ -244,6 +244,7 @@ impl SimAgent {
                 ..HostFacts::default()
             }),
             agent_url: None,
+            metrics_url: None,
         }
     }
 

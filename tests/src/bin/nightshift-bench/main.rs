@@ -412,6 +412,7 @@ fn register_request(i: u32) -> RegisterRequest {
         service: "llm".into(),
         address: None,
         agent_url: None,
+        metrics_url: None,
         readiness_url: None,
         agent_version: "bench".into(),
     }
@@ -657,6 +658,7 @@ fn beat_of(state: &mut AgentState, job_beats: u32) -> Heartbeat {
         expired_leases: Vec::new(),
         host: None,
         agent_url: None,
+        metrics_url: None,
     }
 }
 
