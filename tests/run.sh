@@ -16,18 +16,23 @@ fi
 # - nginx: tests/tests/nginx.rs runs it (a throwaway process, no service) before two replicas;
 # - docker-registry, apache2-utils: tests/tests/registry.rs and the cluster rig run a registry
 #   (a throwaway process) with htpasswd auth;
-# - python3-venv: the S3 server below installs into a virtual environment.
+# - python3-venv: the S3 server below installs into a virtual environment;
+# - prometheus (with promtool): tests/tests/prometheus.rs runs it as a throwaway process on
+#   its own port, configuration and storage, so a system-wide prometheus.service, which the
+#   package starts where systemd runs, is neither used nor in the way. Recommends are left out:
+#   prometheus' is prometheus-node-exporter, another service, which no test needs.
 missing=()
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
 python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "tests/run.sh: installing ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -qq
-    $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # An S3-compatible server for object checkpoint storage (tests/tests/checkpoint_object.rs and
