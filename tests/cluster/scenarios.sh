@@ -310,7 +310,7 @@ NSC_BUCKET=nightshift-rig
 # checkpoints in the bucket (prefix rig/). moto runs through a link under $NSC_STATE, so that
 # down.sh finds and stops it like the rig's other processes.
 object_storage() {
-  local moto=${NIGHTSHIFT_TEST_MOTO:-$NSC_REPO/target/moto-venv/bin/moto_server} i pid dir
+  local moto=${NIGHTSHIFT_TEST_MOTO:-$NSC_REPO/target/moto-venv/bin/moto_server} i pid dir ok
   [ -x "$moto" ] || fail "no moto_server at $moto (tests/run.sh installs it in target/moto-venv)" || return 1
   mkdir -p "$NSC_STATE/moto"
   ln -sf "$moto" "$NSC_STATE/moto/moto_server"
@@ -334,12 +334,36 @@ object_storage() {
     "$NSC_BIN/nightshift-agent" validate --config "$dir/agent.toml" >/dev/null || fail "gpu$i's agent.toml with object storage" || return 1
     nsc_agent_start "$i"
   done
+  # Each new agent adopts its running replica and answers /ready once it has (the old one is
+  # gone: its pid was waited for); then the coordinator hears so.
+  for i in $(seq 1 "$N"); do
+    for _ in $(seq 1 300); do
+      [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://$(nsc_addr "$i"):7401/ready")" = 200 ] && break
+      sleep 0.1
+    done
+    [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://$(nsc_addr "$i"):7401/ready")" = 200 ] || {
+      tail -5 "$NSC_STATE/gpu$i/agent.log" | sed 's/^/    /'
+      fail "gpu$i's agent, restarted with object storage, is not ready"
+      return 1
+    }
+  done
+  # Seen serving three times in a row: a node's first heartbeat after the restart may still
+  # say otherwise.
+  ok=0
   for _ in $(seq 1 200); do
-    [ "$(nightshift nodes -o json 2>/dev/null | jq '[.nodes[] | select(.reachable and .replica.state == "serving")] | length')" = "$N" ] && break
+    if [ "$(nightshift nodes -o json 2>/dev/null | jq '[.nodes[] | select(.reachable and .replica.state == "serving")] | length')" = "$N" ]; then
+      ok=$((ok + 1))
+      [ "$ok" -ge 3 ] && break
+    else
+      ok=0
+    fi
     sleep 0.1
   done
-  [ "$(nightshift nodes -o json | jq '[.nodes[] | select(.reachable and .replica.state == "serving")] | length')" = "$N" ] ||
-    fail "not every agent serves again after the restart with object storage" || return 1
+  [ "$ok" -ge 3 ] || {
+    nightshift nodes 2>&1 | sed 's/^/    /'
+    fail "not every agent serves again after the restart with object storage"
+    return 1
+  }
   say "moto at $NSC_GW:$NSC_MOTO_PORT, bucket $NSC_BUCKET; $N agents restarted with storage = \"object\""
 }
 
