@@ -495,6 +495,7 @@ mod tests {
             nnodes: 2,
             node_rank: 0,
             nproc_per_node: 2,
+            wait_for_peers: false,
         });
         let spec = container_spec("n1", &l, &dirs, GpuAccess::None, "127.0.0.1");
         let env: BTreeMap<_, _> = spec.env.iter().cloned().collect();

@@ -996,6 +996,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 outputs,
                 image_id: container.and_then(|c| c.image_id.clone()),
                 image_digest: container.and_then(pinned_image),
+                ready: false,
             });
         }
         // Containers of leases no longer listed are still reported while they exist.
@@ -1017,6 +1018,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 outputs: BTreeMap::new(),
                 image_id: c.image_id.clone(),
                 image_digest: pinned_image(c),
+                ready: false,
             });
         }
         // So are the start failures of leases taken back before the coordinator heard.

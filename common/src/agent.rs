@@ -286,6 +286,15 @@ pub struct JobRun {
     /// built or loaded on the host, which no registry knows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_digest: Option<String>,
+    /// While `Pending`: the member could start now, its image being on the host. A gang
+    /// member's lease holds it back ([`Rendezvous::wait_for_peers`]) until every member of
+    /// its gang has said so.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ready: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -352,6 +361,13 @@ pub struct Rendezvous {
     pub node_rank: u32,
     /// `NPROC_PER_NODE`: one process per GPU.
     pub nproc_per_node: u32,
+    /// True until every member of the gang has reported its image on its host
+    /// ([`JobRun::ready`]): the agent pulls the image meanwhile, but neither drains its
+    /// replica for the lease nor starts the member, so that no member starts (and waits out
+    /// its rendezvous) while another's host is still pulling, or runs on when another's pull
+    /// fails. The coordinator bounds the wait (`gang_start_timeout_s`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wait_for_peers: bool,
 }
 
 /// One timed phase of a drain or reclaim sequence on a node.

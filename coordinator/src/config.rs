@@ -29,6 +29,9 @@ pub struct CoordinatorConfig {
     pub team_weights: BTreeMap<String, f64>,
     /// First port of gang rendezvous (`MASTER_PORT` = base + job id % 1000).
     pub rendezvous_port_base: u16,
+    /// How long a gang's members may take to all have their image on their hosts before
+    /// the attempt fails to start (and frees their GPUs).
+    pub gang_start_timeout_s: f64,
     pub accounting: AccountingConfig,
     /// HTTPS with agents' client certificates; plain HTTP when absent.
     pub tls: Option<TlsConfig>,
@@ -78,6 +81,7 @@ impl Default for CoordinatorConfig {
             preempt_exempt_s: core.preempt_exempt_ms as f64 / 1000.0,
             team_weights: BTreeMap::new(),
             rendezvous_port_base: core.rendezvous_port_base,
+            gang_start_timeout_s: core.gang_start_timeout_ms as f64 / 1000.0,
             accounting: AccountingConfig::default(),
             tls: None,
             policy: crate::policy::PolicyConfig::default(),
@@ -248,6 +252,9 @@ impl CoordinatorConfig {
         }
         if !(self.preempt_exempt_s.is_finite() && self.preempt_exempt_s >= 0.0) {
             return invalid("preempt_exempt_s".into(), "must be a duration >= 0");
+        }
+        if !(self.gang_start_timeout_s.is_finite() && self.gang_start_timeout_s > 0.0) {
+            return invalid("gang_start_timeout_s".into(), "must be a duration > 0");
         }
         if let Some((team, _)) = self
             .team_weights
@@ -441,6 +448,7 @@ impl CoordinatorConfig {
             preempt_exempt_ms: ms(self.preempt_exempt_s),
             team_weights: self.team_weights.clone(),
             rendezvous_port_base: self.rendezvous_port_base,
+            gang_start_timeout_ms: ms(self.gang_start_timeout_s),
             max_placements_per_decision: CoreConfig::default().max_placements_per_decision,
         }
     }
@@ -492,6 +500,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("restart_elsewhere_after_s"), "{err}");
+    }
+
+    #[test]
+    fn gang_start_timeout_s_reaches_the_core_and_must_be_positive() {
+        assert_eq!(
+            CoordinatorConfig::default().core().gang_start_timeout_ms,
+            900_000
+        );
+        let (_d, path) = write("gang_start_timeout_s = 120\n");
+        let core = CoordinatorConfig::load(Some(&path)).unwrap().core();
+        assert_eq!(core.gang_start_timeout_ms, 120_000);
+        let (_d, path) = write("gang_start_timeout_s = 0\n");
+        let err = CoordinatorConfig::load(Some(&path))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gang_start_timeout_s"), "{err}");
     }
 
     #[test]

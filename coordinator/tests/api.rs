@@ -266,6 +266,7 @@ fn run(
         outputs: Default::default(),
         image_id: None,
         image_digest: None,
+        ready: false,
     }
 }
 

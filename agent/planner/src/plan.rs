@@ -111,6 +111,7 @@ impl StartFailure {
                 outputs: BTreeMap::new(),
                 image_id: None,
                 image_digest: None,
+                ready: false,
             },
             unlisted_since: None,
         }

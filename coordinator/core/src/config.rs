@@ -24,6 +24,11 @@ pub struct CoreConfig {
     pub team_weights: std::collections::BTreeMap<String, f64>,
     /// First port of gang rendezvous; a job uses `base + id % 1000`.
     pub rendezvous_port_base: u16,
+    /// How long a gang's members may take, from their leases' grant, to all report their
+    /// image on their hosts (and so be started together). Past it the members not ready fail
+    /// to start, which fails the attempt (its retries apply) and frees every member's GPUs:
+    /// a gang that cannot start never holds GPUs for ever.
+    pub gang_start_timeout_ms: u64,
     /// Jobs one decision places at most; the rest follow at the next decision. Bounds the
     /// work, and the batch of changes to write, that a decision holds everything else up
     /// for when a large queue meets many free GPUs at once. A decision's fixed cost (a walk
@@ -42,6 +47,7 @@ impl Default for CoreConfig {
             preempt_exempt_ms: 0,
             team_weights: std::collections::BTreeMap::new(),
             rendezvous_port_base: 29_500,
+            gang_start_timeout_ms: 900_000,
             max_placements_per_decision: 512,
         }
     }

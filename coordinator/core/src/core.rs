@@ -113,6 +113,9 @@ pub struct Core {
     pub(crate) leases: LeaseTable,
     /// Per job, the node holding its newest checkpoint, where only that node can resume it.
     pub(crate) checkpoints: Checkpoints,
+    /// Gangs whose members have not all reported ready, by job: when their start times out
+    /// ([`CoreConfig::gang_start_timeout_ms`]). Not persisted: rebuilt from the leases.
+    pub(crate) gang_waits: BTreeMap<u64, UnixMillis>,
     pub(crate) next_job_id: u64,
     pub(crate) services: BTreeMap<String, ServiceState>,
     effects: BTreeSet<Effect>,
@@ -150,6 +153,7 @@ impl Core {
                     expires_at: l.expires_at.max(now + ttl),
                     revoked: l.revoked,
                     granted_version: 0,
+                    ready: false,
                 });
             }
             jobs.insert(view.id, job_from_view(view));
@@ -174,6 +178,24 @@ impl Core {
         for n in nodes.values_mut() {
             n.held = Held::of(leases.on_node(&n.name));
         }
+        // A gang still starting waits for its members again, as long as it had left, and at
+        // least a lease TTL: its agents report ready again at their next heartbeat.
+        let gang_waits = jobs
+            .values()
+            .filter(|j: &&Job| j.spec.nodes > 1 && j.state == JobState::Starting)
+            .filter_map(|j| {
+                let granted = j
+                    .leases
+                    .iter()
+                    .filter_map(|id| leases.get(*id))
+                    .map(|l| l.granted_at)
+                    .min()?;
+                Some((
+                    j.id,
+                    (granted + config.gang_start_timeout_ms).max(now + ttl),
+                ))
+            })
+            .collect();
         let max_job = jobs.keys().copied().max().unwrap_or(0);
         let mut profiles: BTreeMap<String, crate::forecast::Profile> =
             snapshot.profiles.into_iter().collect();
@@ -198,6 +220,7 @@ impl Core {
             jobs,
             leases,
             checkpoints,
+            gang_waits,
             next_job_id: snapshot.next_job_id.max(max_job + 1).max(1),
             services,
             effects: BTreeSet::new(),
@@ -378,6 +401,8 @@ impl Core {
             epoch: u64,
             checkpoint_at: Option<UnixMillis>,
             event: Option<JobEvent>,
+            /// The member can start (its image is there) or has started.
+            ready: bool,
         }
         let runs: &[JobRun] = self.nodes.get(node).map_or(&[], |n| &n.runs);
         let told: Vec<Told> = self
@@ -430,12 +455,18 @@ impl Core {
                     }
                     None => None,
                 };
+                let ready = match run {
+                    Some(r) if r.state == JobRunState::Pending => r.ready,
+                    Some(_) => true,
+                    None => false,
+                };
                 Told {
                     lease: lease.id,
                     job: lease.job,
                     epoch: lease.epoch,
                     checkpoint_at: run.and_then(|r| r.last_checkpoint_at),
                     event,
+                    ready,
                 }
             })
             .collect();
@@ -452,6 +483,9 @@ impl Core {
             }
             if told.checkpoint_at.is_some() {
                 self.checkpoint_reported(node, told.job, told.epoch);
+            }
+            if told.ready && self.leases.mark_ready(told.lease) {
+                self.member_ready(told.job);
             }
             if let Some(event) = told.event {
                 self.member_event(now, told.job, told.lease, event);
@@ -488,6 +522,75 @@ impl Core {
                 .is_some_and(|j| j.pin_image(&digest))
             {
                 self.effect(Effect::JobChanged(job));
+            }
+        }
+    }
+
+    /// A member of `job` has just reported ready: once every member of a gang is, each
+    /// member's node is told that its member may start (its desired state changes).
+    fn member_ready(&mut self, job: u64) {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        if j.spec.nodes <= 1 || !self.gang_ready(j) {
+            return;
+        }
+        let nodes: BTreeSet<String> = j
+            .leases
+            .iter()
+            .filter_map(|id| self.leases.get(*id))
+            .map(|l| l.node.clone())
+            .collect();
+        self.gang_waits.remove(&job);
+        for node in nodes {
+            self.bump(&node);
+        }
+    }
+
+    /// Whether every member of `job` has reported ready.
+    fn gang_ready(&self, job: &Job) -> bool {
+        job.leases
+            .iter()
+            .all(|id| self.leases.get(*id).is_some_and(|l| l.ready))
+    }
+
+    /// Fails the members of each gang that have not reported ready by its start deadline:
+    /// the attempt fails to start (its retry policy applies), every member's lease is taken
+    /// back and no member has started (each waits for all).
+    fn enforce_gang_starts(&mut self, now: UnixMillis) {
+        let due: Vec<u64> = self
+            .gang_waits
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(job, _)| *job)
+            .collect();
+        let timeout_s = self.config.gang_start_timeout_ms / 1000;
+        for id in due {
+            self.gang_waits.remove(&id);
+            let Some(job) = self.jobs.get(&id) else {
+                continue;
+            };
+            if job.state.is_finished() || job.stopping() || self.gang_ready(job) {
+                continue;
+            }
+            let late: Vec<(u64, String)> = job
+                .leases
+                .iter()
+                .filter_map(|l| self.leases.get(*l))
+                .filter(|l| !l.ready)
+                .map(|l| (l.id, l.node.clone()))
+                .collect();
+            for (lease, node) in late {
+                let message = format!(
+                    "the gang's members were not all ready within {timeout_s} s \
+                     (gang_start_timeout_s): node {node} still has no image for its member"
+                );
+                self.member_event(
+                    now,
+                    id,
+                    lease,
+                    JobEvent::MemberStartFailed { lease, message },
+                );
             }
         }
     }
@@ -643,9 +746,11 @@ impl Core {
         // A retried job's backoff; a running job's run-time limit.
         let backoffs = self.index.next_backoffs(self.decided_at);
         let run_limits = self.index.next_run_limits(self.decided_at);
+        let gangs = self.gang_waits.values().copied();
         self.leases
             .next_expiry()
             .into_iter()
+            .chain(gangs)
             .chain(windows)
             .chain(silence)
             .chain(backoffs)
@@ -657,6 +762,7 @@ impl Core {
     pub(crate) fn decide(&mut self, now: UnixMillis) {
         let changes_before = self.changes;
         self.enforce_run_limits(now);
+        self.enforce_gang_starts(now);
         self.expire_leases(now);
         self.leases.forget_stragglers_until(now);
         let services: Vec<String> = self.services.keys().cloned().collect();
@@ -911,6 +1017,10 @@ impl Core {
             .collect();
         if let Some(j) = self.jobs.get_mut(&job) {
             j.place_attempt(members);
+            if j.spec.nodes > 1 {
+                self.gang_waits
+                    .insert(job, now + self.config.gang_start_timeout_ms);
+            }
         }
     }
 
@@ -1046,6 +1156,7 @@ impl Core {
             nnodes: job.spec.nodes,
             node_rank: lease.rank,
             nproc_per_node: job.spec.gpus,
+            wait_for_peers: !self.gang_ready(job),
         })
     }
 

@@ -34,6 +34,10 @@ pub struct Lease {
     pub revoked: bool,
     /// The node's desired-state version that first listed this lease.
     pub granted_version: u64,
+    /// Its agent has reported the member able to start (its image on the host) or started:
+    /// a gang's members are told to start once all of theirs are. Once true it stays so.
+    /// Not persisted: after a restart the agents' next reports tell again.
+    pub ready: bool,
 }
 
 /// An expired lease of a silent node whose container may still run: until `until` (the
@@ -124,6 +128,7 @@ impl LeaseTable {
             expires_at: now + ttl_ms,
             revoked: false,
             granted_version,
+            ready: false,
         };
         self.insert(lease);
         &self.leases[&id]
@@ -136,6 +141,17 @@ impl LeaseTable {
     pub(crate) fn revoke(&mut self, id: u64) {
         if let Some(l) = self.leases.get_mut(&id) {
             l.revoked = true;
+        }
+    }
+
+    /// Marks the lease's member ready; true when it was not before.
+    pub(crate) fn mark_ready(&mut self, id: u64) -> bool {
+        match self.leases.get_mut(&id) {
+            Some(l) if !l.ready => {
+                l.ready = true;
+                true
+            }
+            _ => false,
         }
     }
 

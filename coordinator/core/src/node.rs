@@ -236,6 +236,7 @@ mod tests {
             outputs: Default::default(),
             image_id: None,
             image_digest: None,
+            ready: false,
         }
     }
 

@@ -406,6 +406,7 @@ fn a_member_that_cannot_start_fails_its_attempt_even_while_preempted() {
         outputs: Default::default(),
         image_id: None,
         image_digest: None,
+        ready: false,
     }];
     c.core.heartbeat(c.now, "a", beat).unwrap();
     c.assert_invariants();

@@ -333,8 +333,16 @@ impl SimNode {
         }
         // A host has a handful of GPUs: a short list, not a set.
         let mut busy = self.busy_gpus();
+        // A gang member waits until the coordinator says that every member is ready.
+        let held: Vec<u64> = leases()
+            .filter(|l| l.rendezvous.as_ref().is_some_and(|r| r.wait_for_peers))
+            .map(|l| l.lease_id)
+            .collect();
         for r in &mut self.runs {
-            if r.state == RunState::Pending && r.gpus.iter().all(|g| !busy.contains(g)) {
+            if r.state == RunState::Pending
+                && !held.contains(&r.lease_id)
+                && r.gpus.iter().all(|g| !busy.contains(g))
+            {
                 busy.extend(r.gpus.iter().copied());
                 for g in &r.gpus {
                     self.fenced.insert(*g, r.epoch);
@@ -449,6 +457,8 @@ impl SimNode {
                     outputs: BTreeMap::new(),
                     image_id: None,
                     image_digest: None,
+                    // The simulated hosts hold every image: a pending member is ready.
+                    ready: r.state == RunState::Pending,
                 }
             })
             .collect();

@@ -84,6 +84,10 @@ pub struct SimAgent {
     pub unhealthy: BTreeMap<u32, String>,
     /// The agent keeps checkpoints on storage every node mounts (its host facts say so).
     pub checkpoint_storage: CheckpointStorage,
+    /// Jobs whose image the agent is still pulling: their members are not ready.
+    pub pulling: std::collections::BTreeSet<u64>,
+    /// Jobs whose image the agent cannot pull: their members fail to start.
+    pub pull_fails: std::collections::BTreeSet<u64>,
 }
 
 impl SimAgent {
@@ -108,6 +112,8 @@ impl SimAgent {
             checkpoints: BTreeMap::new(),
             unhealthy: BTreeMap::new(),
             checkpoint_storage: CheckpointStorage::Local,
+            pulling: Default::default(),
+            pull_fails: Default::default(),
         }
     }
 
@@ -143,7 +149,12 @@ impl SimAgent {
         // is simply no longer reported, as the real agent does.
         self.runs.retain(|r| {
             leases.iter().any(|l| l.lease_id == r.lease_id)
-                || !matches!(r.state, JobRunState::Exited { .. } | JobRunState::Pending)
+                || !matches!(
+                    r.state,
+                    JobRunState::Exited { .. }
+                        | JobRunState::Pending
+                        | JobRunState::FailedToStart { .. }
+                )
         });
         for r in &mut self.runs {
             let leased = leases.iter().any(|l| l.lease_id == r.lease_id);
@@ -168,7 +179,16 @@ impl SimAgent {
                 ReplicaState::Starting | ReplicaState::Serving => ReplicaState::Serving,
             };
         } else {
+            // A gang member held for its peers keeps the replica serving (the drain waits),
+            // as the real agent's planner does.
+            let held = |id: u64| {
+                leases.iter().any(|l| {
+                    l.lease_id == id && l.rendezvous.as_ref().is_some_and(|r| r.wait_for_peers)
+                })
+            };
+            let all_held = leases.iter().all(|l| held(l.lease_id));
             self.replica = match self.replica {
+                ReplicaState::Serving if all_held => ReplicaState::Serving,
                 ReplicaState::Serving | ReplicaState::Starting => ReplicaState::Draining,
                 _ => ReplicaState::Stopped,
             };
@@ -188,13 +208,23 @@ impl SimAgent {
                         outputs: BTreeMap::new(),
                         image_id: None,
                         image_digest: None,
+                        ready: false,
                     });
                 }
             }
+            for r in &mut self.runs {
+                if r.state == JobRunState::Pending && self.pull_fails.contains(&r.job_id) {
+                    r.state = JobRunState::FailedToStart {
+                        message: format!("pulling the image of job {} failed", r.job_id),
+                    };
+                }
+                r.ready = r.state == JobRunState::Pending && !self.pulling.contains(&r.job_id);
+            }
             if self.replica == ReplicaState::Stopped {
                 for r in &mut self.runs {
-                    if r.state == JobRunState::Pending {
+                    if r.state == JobRunState::Pending && r.ready && !held(r.lease_id) {
                         r.state = JobRunState::Running;
+                        r.ready = false;
                     }
                 }
             }

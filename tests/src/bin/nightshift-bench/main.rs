@@ -685,6 +685,7 @@ fn absorb(state: &mut AgentState, desired: &DesiredNode) {
                     // As a real agent reports it: the coordinator records it once per attempt.
                     image_id: Some(format!("sha256:{:064x}", l.job_id)),
                     image_digest: None,
+                    ready: false,
                 },
                 0,
             ));
