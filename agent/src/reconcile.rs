@@ -238,7 +238,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     .checkpoint_volume_free_bytes;
             }
             self.capture(&obs.containers, &leases).await;
-            self.publish_runs(&obs.containers, &leases);
+            self.publish_runs(&obs.containers, &leases, &obs.missing_images);
             self.shared
                 .update(|o| o.replica_url = obs.replica.as_ref().and_then(|p| p.url.clone()));
 
@@ -965,8 +965,14 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         }
     }
 
-    /// Rebuilds the job runs reported to the coordinator from the containers and leases.
-    fn publish_runs(&mut self, containers: &[Container], leases: &[LeaseGrant]) {
+    /// Rebuilds the job runs reported to the coordinator from the containers and leases; a
+    /// lease waiting to start whose image is on the host (not `missing`) is reported ready.
+    fn publish_runs(
+        &mut self,
+        containers: &[Container],
+        leases: &[LeaseGrant],
+        missing: &BTreeSet<String>,
+    ) {
         let mut runs = Vec::new();
         for lease in leases {
             let container = jobs(containers).find(|c| lease_of(c) == Some(lease.lease_id));
@@ -975,6 +981,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 (None, Some(f)) => f.run.state.clone(),
                 (None, None) => JobRunState::Pending,
             };
+            let ready = state == JobRunState::Pending && !missing.contains(&lease.job.image);
             let outputs = container
                 .map(|c| self.outputs_of(c, lease.job_id))
                 .unwrap_or_default();
@@ -996,7 +1003,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 outputs,
                 image_id: container.and_then(|c| c.image_id.clone()),
                 image_digest: container.and_then(pinned_image),
-                ready: false,
+                ready,
             });
         }
         // Containers of leases no longer listed are still reported while they exist.

@@ -349,6 +349,10 @@ pub fn plan(
         // Every lease failed to start before the drain began (its image could not be
         // pulled): the replica keeps serving until the coordinator hears and drops them.
         Vec::new()
+    } else if held_while_serving(leases, obs, mem) {
+        // Gang members whose peers are not all ready (pulling still): the replica serves
+        // on until the coordinator says that the whole gang can start.
+        Vec::new()
     } else {
         match crate::drain::plan(cfg, obs, mem, now) {
             steps if steps.is_empty() => start_jobs(cfg, leases, obs, mem, now),
@@ -390,7 +394,12 @@ fn start_jobs(
     if !matches!(mem.replica, ReplicaState::Stopped | ReplicaState::Sleeping) {
         return Vec::new();
     }
-    let missing = unstarted(leases, &obs.containers, mem);
+    // A gang member held for its peers waits here with its GPUs free (its node was lent
+    // already, or drained for another lease): the coordinator bounds the wait.
+    let missing: Vec<&LeaseGrant> = unstarted(leases, &obs.containers, mem)
+        .into_iter()
+        .filter(|l| !waits_for_peers(l))
+        .collect();
     if missing.is_empty() {
         return Vec::new();
     }
@@ -454,6 +463,22 @@ fn restore(leases: &[LeaseGrant], obs: &Observation, mem: &Memory) -> Option<Ste
         .cloned()
         .collect();
     (!waiting.is_empty()).then_some(Step::Restore(waiting))
+}
+
+/// Whether the lease is a gang member that must not start yet: not every member of its gang
+/// has its image on its host.
+pub fn waits_for_peers(lease: &LeaseGrant) -> bool {
+    lease.rendezvous.as_ref().is_some_and(|r| r.wait_for_peers)
+}
+
+/// Whether the replica serves, no drain has begun, and every lease waiting to start is a
+/// gang member held for its peers: draining now would only leave the GPUs idle.
+fn held_while_serving(leases: &[LeaseGrant], obs: &Observation, mem: &Memory) -> bool {
+    let waiting = unstarted(leases, &obs.containers, mem);
+    mem.replica == ReplicaState::Serving
+        && mem.phase.is_none()
+        && !waiting.is_empty()
+        && waiting.iter().all(|l| waits_for_peers(l))
 }
 
 /// The leases with no container yet and no failure to start one.

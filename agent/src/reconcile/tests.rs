@@ -863,6 +863,52 @@ async fn a_gang_starts_only_once_every_image_is_present() {
     assert!(images.contains(&"127.0.0.1:5000/team/eval@sha256:bbb".to_owned()));
 }
 
+/// `lease` as gang member `rank` of 2, held for its peers when `wait`.
+fn gang_member(mut lease: LeaseGrant, rank: u32, wait: bool) -> LeaseGrant {
+    lease.job.nodes = 2;
+    lease.rendezvous = Some(nightshift_common::Rendezvous {
+        master_addr: "10.0.0.1".into(),
+        master_port: 29_507,
+        nnodes: 2,
+        node_rank: rank,
+        nproc_per_node: lease.gpus.len() as u32,
+        wait_for_peers: wait,
+    });
+    lease
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_gang_member_pulls_reports_ready_and_starts_only_when_released() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    rig.node.publish(REGISTRY_IMAGE, "sha256:aaa", None);
+    rig.node.set_pull_takes(Duration::from_secs(20));
+    let lease = pulled_lease(1, 7, vec![0, 1, 2, 3], REGISTRY_IMAGE);
+    let ready = |rig: &Rig| {
+        let runs = rig.shared.observed().runs;
+        runs.iter()
+            .find(|r| r.lease_id == 1)
+            .map(|r| (r.state.clone(), r.ready))
+    };
+    rig.tell(lend(2, vec![gang_member(lease.clone(), 1, true)]))
+        .await;
+    // Pulled, and said: the member is ready; its peer is not, so it waits, serving.
+    assert!(
+        rig.node
+            .engine_calls()
+            .iter()
+            .any(|c| matches!(c, EngineCall::Pull { .. }))
+    );
+    assert_eq!(ready(&rig), Some((JobRunState::Pending, true)));
+    assert!(rig.jobs().is_empty(), "no member starts while held");
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Serving);
+    assert!(rig.shared.ready(), "the replica still takes requests");
+    // The coordinator says the whole gang is ready: drain, start.
+    rig.tell(lend(3, vec![gang_member(lease, 1, false)])).await;
+    assert_eq!(rig.run_state(1), Some(JobRunState::Running));
+    assert_eq!(rig.shared.observed().replica(), ReplicaState::Stopped);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_moved_tag_never_changes_a_pinned_attempt() {
     let mut rig = rig(|_| {});

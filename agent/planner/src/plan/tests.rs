@@ -557,3 +557,98 @@ fn leases_that_all_failed_to_pull_leave_the_replica_serving() {
         Step::Replica(ReplicaEvent::DrainBegan)
     );
 }
+
+/// Lease `id` as gang member `rank` of 2, held for its peers when `wait`.
+fn member(id: u64, rank: u32, wait: bool) -> LeaseGrant {
+    let mut l = lease(id, id, vec![0, 1, 2, 3]);
+    l.rendezvous = Some(nightshift_common::Rendezvous {
+        master_addr: "10.0.0.1".into(),
+        master_port: 29_500,
+        nnodes: 2,
+        node_rank: rank,
+        nproc_per_node: 4,
+        wait_for_peers: wait,
+    });
+    l
+}
+
+#[test]
+fn a_gang_member_held_for_its_peers_pulls_but_neither_drains_nor_starts() {
+    let (cfg, t0) = (cfg(), t0());
+    let held = [member(1, 1, true)];
+    let lend = desired(false, &held);
+    let mut obs = serving_host(3.0, 70 * GIB);
+    let serving = memory(ReplicaState::Serving, None);
+    // Its own image first, while the replica serves.
+    obs.missing_images = ["trainer:1".to_owned()].into();
+    assert!(
+        matches!(
+            &plan(&cfg, Some(&lend), &held, &obs, &serving, t0)[..],
+            [Step::Pull { .. }]
+        ),
+        "the held member's image is pulled"
+    );
+    // The image is there, a peer still pulls: the replica serves on, nothing to do.
+    obs.missing_images.clear();
+    assert_eq!(plan(&cfg, Some(&lend), &held, &obs, &serving, t0), []);
+    // The whole gang is ready: the drain begins.
+    let go = [member(1, 1, false)];
+    assert_eq!(
+        plan(&cfg, Some(&desired(false, &go)), &go, &obs, &serving, t0)[0],
+        Step::Replica(ReplicaEvent::DrainBegan)
+    );
+}
+
+#[test]
+fn on_a_node_already_lent_a_held_member_waits_with_free_gpus_and_starts_when_told() {
+    let (cfg, t0) = (cfg(), t0());
+    let mut obs = serving_host(0.0, 0);
+    obs.containers.clear();
+    obs.replica = None;
+    let stopped = memory(ReplicaState::Stopped, Some((Phase::ConfirmFreeForJobs, t0)));
+    let held = [member(1, 0, true)];
+    assert_eq!(
+        plan(
+            &cfg,
+            Some(&desired(false, &held)),
+            &held,
+            &obs,
+            &stopped,
+            t0
+        ),
+        [],
+        "nothing starts while a peer is not ready"
+    );
+    let go = [member(1, 0, false)];
+    assert_eq!(
+        plan(&cfg, Some(&desired(false, &go)), &go, &obs, &stopped, t0),
+        [Step::StartJobs(go.to_vec()), Step::Enter(None)]
+    );
+    // Beside a single-node lease that may start: that one starts, the member waits.
+    let mixed = [member(1, 0, true), lease(2, 2, vec![])];
+    assert_eq!(
+        plan(
+            &cfg,
+            Some(&desired(false, &mixed)),
+            &mixed,
+            &obs,
+            &stopped,
+            t0
+        ),
+        [Step::StartJobs(vec![mixed[1].clone()]), Step::Enter(None)]
+    );
+    // A serving node with such a pair drains for the lease that may start.
+    let serving = memory(ReplicaState::Serving, None);
+    let obs = serving_host(0.0, 70 * GIB);
+    assert_eq!(
+        plan(
+            &cfg,
+            Some(&desired(false, &mixed)),
+            &mixed,
+            &obs,
+            &serving,
+            t0
+        )[0],
+        Step::Replica(ReplicaEvent::DrainBegan)
+    );
+}
