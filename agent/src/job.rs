@@ -40,6 +40,11 @@ pub use nightshift_planner::GRACE_LABEL;
 /// agent's `work_dir` (local storage), or a directory every host mounts at the same path
 /// (shared storage), where an attempt on any host finds the newest earlier attempt's, since
 /// epochs are the coordinator's and rise across hosts. Outputs always stay under `work_dir`.
+///
+/// A gang's members each write their own rank's state, so each rank keeps its attempts
+/// apart, `jobs/JOB_ID/checkpoints/rank-R/EPOCH` ([`JobDirs::for_lease`]): a member is seeded
+/// from the newest earlier attempt *of its rank*, wherever that ran, never from another
+/// rank's (the members of one attempt have different epochs).
 pub struct JobDirs {
     /// The checkpoint directory mounted at [`CHECKPOINT_MOUNT`].
     pub checkpoint: PathBuf,
@@ -79,6 +84,17 @@ impl JobDirs {
         dirs.legacy = root.join("checkpoint");
         dirs.checkpoint = dirs.attempts.join(epoch.to_string());
         dirs.epoch = Some(epoch);
+        dirs
+    }
+
+    /// The directories of the attempt that runs under `lease`: [`JobDirs::attempt`], with a
+    /// gang member's checkpoints among those of its rank.
+    pub fn for_lease(work_dir: &Path, checkpoint_root: &Path, lease: &LeaseGrant) -> Self {
+        let mut dirs = Self::attempt(work_dir, checkpoint_root, lease.job_id, lease.epoch);
+        if let Some(r) = lease.rendezvous.as_ref().filter(|r| r.nnodes > 1) {
+            dirs.attempts = dirs.attempts.join(format!("rank-{}", r.node_rank));
+            dirs.checkpoint = dirs.attempts.join(lease.epoch.to_string());
+        }
         dirs
     }
 
@@ -628,6 +644,65 @@ mod tests {
             vec!["step-7"]
         );
         assert!(!dir.path().join("jobs/3/checkpoints/4.partial").exists());
+    }
+
+    /// Gang member `rank` of job 3 (of 2) under the lease of epoch `epoch`.
+    fn member(rank: u32, epoch: u64) -> LeaseGrant {
+        let mut l = lease();
+        l.epoch = epoch;
+        l.rendezvous = Some(nightshift_common::Rendezvous {
+            master_addr: "10.0.0.1".into(),
+            master_port: 29503,
+            nnodes: 2,
+            node_rank: rank,
+            nproc_per_node: 1,
+            wait_for_peers: false,
+        });
+        l
+    }
+
+    #[test]
+    fn a_gang_member_resumes_from_its_own_ranks_newest_checkpoint_on_any_host() {
+        // Shared storage: two hosts' work directories, one checkpoint root.
+        let (a, b, shared) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let root = shared.path();
+        // Attempt 1: rank 0 on A (epoch 5), rank 1 on B (epoch 6); each saves its own shard.
+        let seeded = |work: &Path, rank: u32, epoch: u64| {
+            let mut dirs = JobDirs::for_lease(work, root, &member(rank, epoch));
+            dirs.seed().unwrap();
+            dirs.create().unwrap();
+            dirs
+        };
+        let (r0, r1) = (seeded(a.path(), 0, 5), seeded(b.path(), 1, 6));
+        assert_ne!(r0.checkpoint, r1.checkpoint);
+        std::fs::write(r0.checkpoint.join("shard"), "rank 0").unwrap();
+        std::fs::write(r1.checkpoint.join("shard"), "rank 1").unwrap();
+        // Attempt 2, placed the other way round: rank 1 on A (epoch 9) first, then rank 0
+        // on B (epoch 10), whose newest earlier directory of any rank is rank 1's new one.
+        let (n1, n0) = (seeded(a.path(), 1, 9), seeded(b.path(), 0, 10));
+        let shard = |d: &JobDirs| std::fs::read_to_string(d.checkpoint.join("shard")).unwrap();
+        assert_eq!((shard(&n0), n0.resumed_from), ("rank 0".into(), Some(5)));
+        assert_eq!((shard(&n1), n1.resumed_from), ("rank 1".into(), Some(6)));
+        let env = |d: &JobDirs, l: &LeaseGrant| -> BTreeMap<String, String> {
+            container_spec("n1", l, d, GpuAccess::None, "0.0.0.0")
+                .env
+                .into_iter()
+                .collect()
+        };
+        let e0 = env(&n0, &member(0, 10));
+        assert_eq!(
+            (
+                e0["NIGHTSHIFT_RESUMING"].as_str(),
+                e0["NIGHTSHIFT_RESUMED_FROM_EPOCH"].as_str()
+            ),
+            ("1", "5")
+        );
+        // The ranks' directories stay apart: seeding one never touched the other's.
+        assert_eq!((shard(&r0), shard(&r1)), ("rank 0".into(), "rank 1".into()));
     }
 
     /// The environment of the attempt of epoch `epoch` of job 3 on a host whose `work_dir` is

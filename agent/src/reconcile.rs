@@ -888,12 +888,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         let started = Instant::now();
         for lease in leases {
             // This attempt's own checkpoint directory, seeded from the newest earlier one's.
-            let mut dirs = JobDirs::attempt(
-                &self.cfg.work_dir,
-                self.cfg.checkpoint_root(),
-                lease.job_id,
-                lease.epoch,
-            );
+            let mut dirs = self.attempt_dirs(lease);
             match self.restored.get(&lease.lease_id) {
                 // Object storage: the directory was restored from the bucket.
                 Some((_, restored, _)) => dirs.resumed_from = restored.from_epoch,
@@ -965,6 +960,17 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         }
     }
 
+    /// The directories of the attempt under `lease`: a gang member's checkpoints among its
+    /// rank's with local or shared storage; with object storage the bucket keeps attempts
+    /// by job and epoch, and the attempt's directory is where its checkpoint is restored.
+    fn attempt_dirs(&self, lease: &LeaseGrant) -> JobDirs {
+        let (work_dir, root) = (&self.cfg.work_dir, self.cfg.checkpoint_root());
+        match self.bucket {
+            Some(_) => JobDirs::attempt(work_dir, root, lease.job_id, lease.epoch),
+            None => JobDirs::for_lease(work_dir, root, lease),
+        }
+    }
+
     /// Rebuilds the job runs reported to the coordinator from the containers and leases; a
     /// lease waiting to start whose image is on the host (not `missing`) is reported ready.
     fn publish_runs(
@@ -985,13 +991,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let outputs = container
                 .map(|c| self.outputs_of(c, lease.job_id))
                 .unwrap_or_default();
-            let last_checkpoint_at = JobDirs::attempt(
-                &self.cfg.work_dir,
-                self.cfg.checkpoint_root(),
-                lease.job_id,
-                lease.epoch,
-            )
-            .last_checkpoint();
+            let last_checkpoint_at = self.attempt_dirs(lease).last_checkpoint();
             runs.push(JobRun {
                 job_id: lease.job_id,
                 attempt: lease.attempt,

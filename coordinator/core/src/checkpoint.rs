@@ -7,7 +7,8 @@
 //! prefers that node for the job's next attempt ([`Core::place_queued`]). A node with shared
 //! storage holds nothing of its own: any node resumes the job, and it is forgotten here.
 //! Gangs are not remembered: each member's checkpoint lies on its own node, and a gang that
-//! must resume needs shared storage.
+//! must resume needs shared storage, where each member of a later attempt, on any node, is
+//! seeded from the newest earlier checkpoint of its own rank (the agent's `JobDirs`).
 //!
 //! What a node holds is part of its durable record ([`crate::NodeSnapshot::checkpoints`]),
 //! so a restarted coordinator still prefers it.
