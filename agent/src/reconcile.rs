@@ -238,7 +238,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     .checkpoint_volume_free_bytes;
             }
             self.capture(&obs.containers, &leases).await;
-            self.publish_runs(&obs.containers, &leases, &obs.missing_images);
+            self.publish_runs(&obs, &leases);
             self.shared
                 .update(|o| o.replica_url = obs.replica.as_ref().and_then(|p| p.url.clone()));
 
@@ -972,13 +972,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     }
 
     /// Rebuilds the job runs reported to the coordinator from the containers and leases; a
-    /// lease waiting to start whose image is on the host (not `missing`) is reported ready.
-    fn publish_runs(
-        &mut self,
-        containers: &[Container],
-        leases: &[LeaseGrant],
-        missing: &BTreeSet<String>,
-    ) {
+    /// lease waiting to start whose image is on the host and whose checkpoint is restored
+    /// (object storage) is reported ready.
+    fn publish_runs(&mut self, obs: &Observation, leases: &[LeaseGrant]) {
+        let containers = &obs.containers[..];
         let mut runs = Vec::new();
         for lease in leases {
             let container = jobs(containers).find(|c| lease_of(c) == Some(lease.lease_id));
@@ -987,7 +984,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 (None, Some(f)) => f.run.state.clone(),
                 (None, None) => JobRunState::Pending,
             };
-            let ready = state == JobRunState::Pending && !missing.contains(&lease.job.image);
+            let ready = state == JobRunState::Pending
+                && !obs.missing_images.contains(&lease.job.image)
+                && !obs.unrestored.contains(&lease.lease_id);
             let outputs = container
                 .map(|c| self.outputs_of(c, lease.job_id))
                 .unwrap_or_default();
