@@ -12,6 +12,11 @@
 #             registry; with the right one again the next job runs
 #   gang      a 2-node gang with TRAINER_RENDEZVOUS=1 meets across two hosts: rank 0 logs
 #             rank 1 joining from host B's address, rank 1 logs connecting to host A's
+#   gang-reclaim
+#             a 2-node gang checkpointing every 20 steps is reclaimed whole when a surge takes
+#             one of its hosts back: both members' containers leave both engines, the job is
+#             requeued, and it resumes on two hosts (NIGHTSHIFT_RESUMING=1) from the newest
+#             step both ranks' checkpoints in the shared directory hold, then finishes
 #   follow    a job checkpointing every 10 steps is preempted on host A (a surge at the
 #             gateway takes A back); A's agent is then stopped, so the job runs on another
 #             host, and resumes there from the newest checkpoint of the shared directory
@@ -236,6 +241,90 @@ s_gang() {
   [ "$(job_field "$id" '.outputs.nnodes + " " + .outputs.rounds')" = "2 400" ] ||
     fail "job $id's outputs: $(job_field "$id" -c .outputs)" || return 1
   say "gang job $id met across $r0 ($a) and $r1 ($b) and took 400 steps in lock step"
+}
+
+# ckpt_steps DIR: the steps of the complete checkpoints in DIR, one a line, in order.
+ckpt_steps() {
+  find "$1" -maxdepth 1 -name 'step-*.ckpt' 2>/dev/null | sed 's/.*step-0*\([0-9][0-9]*\)\.ckpt/\1/' | sort -n
+}
+
+# The job's lease of rank R, as "NODE EPOCH", from its view J.
+rank_lease() { jq -r --argjson r "$2" '.leases[]? | select(.rank == $r) | "\(.node) \(.epoch)"' <<<"$1"; }
+
+s_gang_reclaim() {
+  local id j r0 r1 e0 e1 h node left common rounds state c log i env
+  [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  trainer_job "$NSC_STATE/scn-gang-reclaim.yaml" scn-gang-reclaim "$IMAGE" 4 TRAINER_RENDEZVOUS=1 \
+    TRAINER_TARGET_STEP=600 TRAINER_STEPS_PER_SEC=50 TRAINER_CHECKPOINT_EVERY=20
+  echo "nodes: 2" >>"$NSC_STATE/scn-gang-reclaim.yaml"
+  id=$(submit "$NSC_STATE/scn-gang-reclaim.yaml")
+  [[ $id =~ ^[0-9]+$ ]] || fail "submit: $id" || return 1
+  for _ in $(seq 1 120); do
+    j=$(job_json "$id")
+    [ "$(jq -r .state <<<"$j")" = running ] && [ "$(jq -r .last_checkpoint_at <<<"$j")" != null ] && break
+    sleep 0.5
+  done
+  read -r r0 e0 <<<"$(rank_lease "$j" 0)"
+  read -r r1 e1 <<<"$(rank_lease "$j" 1)"
+  [[ $r0 =~ ^gpu[0-9]+$ && $r1 =~ ^gpu[0-9]+$ && $r0 != "$r1" ]] ||
+    fail "job $id is not running on two hosts with a checkpoint: $j" || return 1
+  say "gang job $id runs on $r0 (rank 0, epoch $e0) and $r1 (rank 1, epoch $e1) and has checkpointed; a surge"
+  surge
+  for _ in $(seq 1 100); do
+    j=$(job_json "$id")
+    [ "$(jq -r .preemptions <<<"$j")" = 1 ] && [ "$(jq -r .state <<<"$j")" != preempting ] && break
+    surge
+    sleep 0.3
+  done
+  [ "$(jq -r .preemptions <<<"$j")" = 1 ] || fail "job $id was not preempted: $j" || return 1
+  [[ $(jq -r .state <<<"$j") =~ ^(queued|starting|running)$ ]] || fail "job $id after the reclaim: $j" || return 1
+  say "reclaimed whole: job $id is $(jq -r .state <<<"$j") (attempt $(jq -r .attempt <<<"$j"), 1 preemption)"
+  # Both members' containers leave both engines (the agents remove them once the coordinator
+  # has seen them stop).
+  for _ in $(seq 1 60); do
+    left=""
+    for node in "${r0#gpu}:$e0" "${r1#gpu}:$e1"; do
+      [ -n "$(nsc_docker "${node%%:*}" ps -aq --filter "label=io.nightshift.job-id=$id" \
+        --filter "label=io.nightshift.epoch=${node#*:}" 2>/dev/null)" ] && left+="${node%%:*} "
+    done
+    [ -z "$left" ] && break
+    sleep 0.25
+  done
+  [ -z "$left" ] || fail "the first attempt's containers are still on the engines of host $left" || return 1
+  # The common checkpoint: the newest step both ranks' directories (per rank, per epoch, in the
+  # shared directory) hold.
+  common=$(comm -12 <(ckpt_steps "$NSC_STATE/shared/checkpoints/jobs/$id/checkpoints/rank-0/$e0" | sort) \
+    <(ckpt_steps "$NSC_STATE/shared/checkpoints/jobs/$id/checkpoints/rank-1/$e1" | sort) | sort -n | tail -1)
+  [[ $common =~ ^[0-9]+$ ]] || fail "no checkpoint that both ranks hold in the shared directory" || return 1
+  say "both members' containers are gone from $r0 and $r1; the common checkpoint is step $common"
+  # The gang is placed again, whole, on two hosts, and resumes from it.
+  for _ in $(seq 1 180); do
+    j=$(job_json "$id")
+    [ "$(jq -r .state <<<"$j")" = running ] && [ "$(jq -r '.leases | length' <<<"$j")" = 2 ] && break
+    sleep 0.5
+  done
+  [ "$(jq -r .state <<<"$j")" = running ] && [ "$(jq -r .attempt <<<"$j")" = 2 ] ||
+    fail "job $id did not run again: $j" || return 1
+  for i in 0 1; do
+    read -r node _ <<<"$(rank_lease "$j" "$i")"
+    h=${node#gpu}
+    for _ in $(seq 1 40); do
+      c=$(nsc_docker "$h" ps -aq --filter "name=nightshift-job-$node-$id-" | head -1)
+      [ -n "$c" ] && log=$(nsc_docker "$h" logs "$c" 2>&1) && [[ $log == *"resumed from step"* ]] && break
+      sleep 0.25
+    done
+    env=$(nsc_docker "$h" inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$c" 2>/dev/null)
+    grep -qx NIGHTSHIFT_RESUMING=1 <<<"$env" || fail "rank $i on $node: not started with NIGHTSHIFT_RESUMING=1" || return 1
+    grep -q "resumed from step $common, the gang's common checkpoint" <<<"${log:-}" ||
+      fail "rank $i on $node did not resume from step $common: $(grep -m1 -E 'resumed|fresh' <<<"${log:-}")" || return 1
+    say "attempt 2, rank $i on $node: $(grep -m1 'resumed from step' <<<"$log")"
+  done
+  state=$(wait_ended "$id" 60)
+  [ "$state" = succeeded ] || fail "job $id: $state ($(job_field "$id" .message))" || return 1
+  rounds=$((600 - common))
+  [ "$(job_field "$id" '.outputs.final_step + " " + .outputs.resumed_from_step + " " + .outputs.nnodes + " " + .outputs.rounds')" = "600 $common 2 $rounds" ] ||
+    fail "job $id's outputs: $(job_field "$id" -c .outputs)" || return 1
+  say "job $id finished at step 600, both ranks resumed from step $common ($rounds steps in lock step)"
 }
 
 s_follow() {
@@ -479,6 +568,7 @@ echo "== up.sh $N in ${T_UP}s"
 scenario "pull: an image only the registry holds runs, pinned by digest" s_pull
 scenario "badauth: a wrong registry password fails the job, the next runs" s_badauth
 scenario "gang: a 2-node gang rendezvouses across hosts" s_gang
+scenario "gang-reclaim: a gang reclaimed whole resumes on two hosts from its common checkpoint" s_gang_reclaim
 scenario "follow: preempted on A, resumes on another host from the shared checkpoint" s_follow
 # Last before down.sh: it restarts every agent with object storage.
 scenario "follow-object: preempted on A, resumes on another host from the bucket" s_follow_object
