@@ -824,7 +824,8 @@ impl Bucket {
     }
 
     /// Uploads what the attempt of `epoch` left in `dir`, under its own epoch, the manifest
-    /// last; the manifest.
+    /// last; the manifest. An epoch is uploaded once: when its manifest is there already
+    /// (an agent restarted after the upload, whose local copy is gone), it is left as it is.
     pub async fn upload(
         &self,
         job: u64,
@@ -832,6 +833,11 @@ impl Bucket {
         node: &str,
         dir: &Path,
     ) -> Result<Manifest, BucketError> {
+        let key = self.layout.manifest(job, epoch);
+        if let Some(bytes) = self.get(&key).await? {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| self.error("get", &key, format!("unreadable manifest: {e}")));
+        }
         let owned = dir.to_owned();
         let files = tokio::task::spawn_blocking(move || files_of(&owned))
             .await

@@ -836,7 +836,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     }
 
     /// Uploads the checkpoint directory of `job`'s attempt of `epoch` in the background;
-    /// records `upload_checkpoint` (reclaim) when it ends, with `phase_began`.
+    /// records `upload_checkpoint` (reclaim) when it ends, with `phase_began`, and removes
+    /// the directory from the host. One that cannot be uploaded stays.
     fn upload(&self, job: u64, epoch: u64, phase_began: Option<Instant>) {
         let Some(bucket) = self.bucket.clone() else {
             return;
@@ -859,6 +860,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         );
                         if let Some(t) = phase_began {
                             shared.record_phase(SequenceKind::Reclaim, "upload_checkpoint", t);
+                        }
+                        // The bucket holds it now: the host's copy would only fill the disk
+                        // (a later attempt, here or elsewhere, restores from the bucket).
+                        if let Err(e) = tokio::fs::remove_dir_all(&dir).await
+                            && e.kind() != std::io::ErrorKind::NotFound
+                        {
+                            tracing::warn!(
+                                node = %node, dir = %dir.display(), error = %e,
+                                "removing an uploaded checkpoint directory failed"
+                            );
                         }
                         return;
                     }
