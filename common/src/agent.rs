@@ -13,6 +13,7 @@ use crate::{JobSpec, UnixMillis};
 
 /// One GPU as the agent found it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GpuInfo {
     pub index: u32,
@@ -22,6 +23,7 @@ pub struct GpuInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RegisterRequest {
     pub node: String,
@@ -45,6 +47,7 @@ pub struct RegisterRequest {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RegisterReply {
     pub node: String,
@@ -54,6 +57,7 @@ pub struct RegisterReply {
 
 /// What the agent sees on its host, sent every heartbeat interval.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Heartbeat {
     pub gpus: Vec<GpuStatus>,
@@ -84,6 +88,7 @@ pub struct Heartbeat {
 
 /// The host's resources as the agent sees them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HostFacts {
     pub cpus: u32,
@@ -104,6 +109,7 @@ pub struct HostFacts {
 
 /// Where an agent keeps jobs' checkpoint directories (its `[checkpoints] storage`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CheckpointStorage {
     /// Under the agent's `work_dir`, on the host that ran the job.
@@ -126,6 +132,7 @@ impl CheckpointStorage {
 /// that does not support it (NVML's `NotSupported`) leaves it out, and it means "unknown",
 /// never zero. Agents that predate a field simply omit it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GpuStatus {
     pub index: u32,
@@ -157,6 +164,7 @@ pub struct GpuStatus {
 
 /// A process that holds a GPU context.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GpuProcess {
     /// In the host's PID namespace.
@@ -191,6 +199,7 @@ impl GpuStatus {
 
 /// The life of a vLLM replica on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaState {
     /// The container runs but `/health` does not answer 200 yet.
@@ -222,6 +231,7 @@ impl ReplicaState {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReplicaStatus {
     pub state: ReplicaState,
@@ -234,6 +244,7 @@ pub struct ReplicaStatus {
 /// A replica's load as vLLM reports it. `None` means unknown (no scrape, a bad page, a
 /// missing metric), which is never read as zero.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ServingSignals {
     pub requests_running: Option<f64>,
@@ -261,6 +272,7 @@ pub struct ServingSignals {
 
 /// A job container on the node as the agent observes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobRun {
     pub job_id: u64,
@@ -298,6 +310,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case", tag = "state", deny_unknown_fields)]
 pub enum JobRunState {
     /// Waiting for the replica to drain and the GPUs to be free.
@@ -321,6 +334,7 @@ pub enum JobRunState {
 /// is listed, the replica stays down; when `serve` is true and no lease is listed, the
 /// agent stops every job container and brings the replica back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DesiredNode {
     pub version: u64,
@@ -332,6 +346,7 @@ pub struct DesiredNode {
 
 /// A job's right to use given GPUs of this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LeaseGrant {
     pub lease_id: u64,
@@ -349,6 +364,7 @@ pub struct LeaseGrant {
 
 /// The rendezvous of a gang job, as torchrun's environment variables.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Rendezvous {
     /// `MASTER_ADDR`: the address of the rank-0 node.
@@ -372,6 +388,7 @@ pub struct Rendezvous {
 
 /// One timed phase of a drain or reclaim sequence on a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PhaseRecord {
     /// Increasing. From an agent: per agent process (it starts again at 1 when the agent
@@ -390,6 +407,7 @@ pub struct PhaseRecord {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SequenceKind {
     Drain,

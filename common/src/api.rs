@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::{JobSpec, PhaseRecord, ReplicaStatus, UnixMillis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -59,6 +60,7 @@ impl JobState {
 
 /// A job as the coordinator knows it. This is also the durable record of a job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobView {
     pub id: u64,
@@ -142,6 +144,7 @@ impl JobView {
 
 /// One placement of a job: the GPUs it was leased, when it ran, and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AttemptView {
     /// The job's attempt number it ran as. A placement taken back before its container
@@ -168,6 +171,7 @@ pub struct AttemptView {
 
 /// Where one member of an attempt ran.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AttemptMember {
     pub node: String,
@@ -178,6 +182,7 @@ pub struct AttemptMember {
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AttemptEnding {
     Succeeded,
@@ -203,6 +208,7 @@ impl AttemptEnding {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LeaseView {
     pub lease_id: u64,
@@ -220,6 +226,7 @@ pub struct LeaseView {
 
 /// Whether a node's GPUs serve the service or are lent to jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NodeMode {
     Serve,
@@ -227,6 +234,7 @@ pub enum NodeMode {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeView {
     pub name: String,
@@ -245,6 +253,7 @@ pub struct NodeView {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeGpuView {
     pub index: u32,
@@ -272,12 +281,14 @@ pub struct NodeGpuView {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobList {
     pub jobs: Vec<JobView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeList {
     pub nodes: Vec<NodeView>,
@@ -286,6 +297,7 @@ pub struct NodeList {
 /// Load reported by a load balancer or gateway in front of a service: requests it holds
 /// because no replica is ready. Used to bring a service back from zero serving replicas.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GatewaySignals {
     pub waiting: u64,
@@ -293,6 +305,7 @@ pub struct GatewaySignals {
 
 /// Every 4xx and 5xx answer carries this body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ApiError {
     pub error: String,
@@ -303,6 +316,7 @@ pub struct ApiError {
 
 /// `nightshift report`: GPU time harvested over a period, and what it was worth.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Report {
     pub since: UnixMillis,
@@ -320,6 +334,7 @@ pub struct Report {
 
 /// The figures of a report, for the whole period or one group.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReportTotals {
     /// GPU-hours under lease inside the period.
@@ -337,6 +352,7 @@ pub struct ReportTotals {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReportGroup {
     pub key: String,
@@ -346,6 +362,7 @@ pub struct ReportGroup {
 
 /// A service's replicas, for load balancers (`GET /v1/services/{name}/endpoints`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Endpoints {
     pub service: String,
@@ -353,6 +370,7 @@ pub struct Endpoints {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Endpoint {
     pub node: String,

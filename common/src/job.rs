@@ -10,6 +10,7 @@ use crate::sandbox::container_path;
 
 /// A job as submitted. Unknown fields are refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobSpec {
     /// A human name; need not be unique.
@@ -69,6 +70,7 @@ fn is_one(v: &u32) -> bool {
 /// exponential backoff: `backoffSeconds × backoffFactor^(failures-1)`, at most
 /// `maxBackoffSeconds`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Retries after the first failure; 0 never retries.
@@ -136,6 +138,7 @@ pub const MAX_RUN_SECONDS: u64 = 365 * 86_400;
 
 /// A file given to a job's container at `path` (absolute).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobFile {
     pub path: String,
@@ -148,6 +151,7 @@ pub const MAX_JOB_FILES_BYTES: usize = 256 << 10;
 /// Files and output a finished container leaves behind that its job reports as outputs:
 /// each file under its name, and standard output under [`STDOUT_OUTPUT`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Capture {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -163,6 +167,7 @@ impl Capture {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CaptureFile {
     /// The output's name, e.g. an Argo output parameter.
@@ -176,6 +181,7 @@ pub struct CaptureFile {
 pub const STDOUT_OUTPUT: &str = "nightshift.io/stdout";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EnvVar {
     pub name: String,
@@ -185,6 +191,7 @@ pub struct EnvVar {
 
 /// How a job is told to save its work before its GPUs are taken back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CheckpointPolicy {
     /// The signal sent on reclaim, e.g. `SIGTERM` or `SIGUSR1`.

@@ -8,6 +8,7 @@ use crate::UnixMillis;
 
 /// The verdict on one workflow file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LintReport {
     pub file: String,
@@ -20,6 +21,7 @@ pub struct LintReport {
 
 /// One rule a workflow file breaks, at a line (1-based).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LintFinding {
     pub line: usize,
@@ -30,6 +32,7 @@ pub struct LintFinding {
 
 /// `POST /v1/pipelines`: a workflow file's text and parameter overrides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSubmit {
     /// The file's name, for messages.
@@ -41,6 +44,7 @@ pub struct PipelineSubmit {
 
 /// A pipeline run: its steps as a tree (each node names its parent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PipelineRunView {
     pub id: u64,
@@ -56,6 +60,7 @@ pub struct PipelineRunView {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PipelineNodeView {
     pub id: usize,
@@ -90,6 +95,7 @@ pub struct PipelineNodeView {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PipelineRunList {
     pub runs: Vec<PipelineRunView>,
@@ -97,6 +103,7 @@ pub struct PipelineRunList {
 
 /// The durable record of a run: what it was started from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PipelineRunRecord {
     pub id: u64,
@@ -112,6 +119,7 @@ pub struct PipelineRunRecord {
 
 /// The image a step of an earlier run ran.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ImagePin {
     /// As the workflow names it, e.g. `alpine:3.23`.
@@ -122,6 +130,7 @@ pub struct ImagePin {
 
 /// One input a run handled, as stored: replaying them in order rebuilds the run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PipelineInputRecord {
     Tick {

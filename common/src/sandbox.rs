@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::SpecError;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Sandbox {
     #[serde(default, skip_serializing_if = "is_false")]
@@ -40,6 +41,7 @@ pub struct Sandbox {
 
 /// A host directory or file mounted into the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Mount {
     /// The absolute path on the host.
