@@ -16,7 +16,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use nightshift_common::{DesiredNode, Heartbeat, RegisterReply, RegisterRequest};
+use nightshift_common::{ApiError, DesiredNode, Heartbeat, RegisterReply, RegisterRequest};
 use serde::Deserialize;
 
 use super::identity::{Peer, SpeaksFor};
@@ -26,6 +26,14 @@ use crate::cluster::{ApplyError, Cluster};
 /// Longest a long-poll is held open, whatever `wait_ms` asks (agents ask for 25 s).
 pub const MAX_WAIT_MS: u64 = 30_000;
 
+/// An agent enrolls its node and GPUs.
+#[utoipa::path(post, path = "/v1/agents/register", tag = "agents",
+    request_body = RegisterRequest,
+    responses(
+        (status = 200, description = "Enrolled: how often to heartbeat.", body = RegisterReply),
+        (status = 403, description = "The client certificate names another node.", body = ApiError),
+        (status = 422, description = "An empty node name.", body = ApiError),
+    ))]
 pub async fn register(
     State(cluster): State<Arc<Cluster>>,
     peer: Peer,
@@ -68,6 +76,14 @@ pub async fn register(
     Ok(Json(reply))
 }
 
+/// An agent reports its node; answered with the node's desired state.
+#[utoipa::path(post, path = "/v1/agents/{node}/heartbeat", tag = "agents",
+    params(("node" = String, Path, description = "The node, as registered.")),
+    request_body = Heartbeat,
+    responses(
+        (status = 200, description = "The node's desired state.", body = DesiredNode),
+        (status = 404, description = "The node is not registered.", body = ApiError),
+    ))]
 pub async fn heartbeat(
     State(cluster): State<Arc<Cluster>>,
     SpeaksFor(node): SpeaksFor,
@@ -99,16 +115,26 @@ pub async fn heartbeat(
     Ok(Json(desired))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DesiredQuery {
     /// Answer once the desired version is above this one.
     #[serde(default)]
     after: u64,
+    /// How long to wait, in milliseconds (at most 30 000).
     #[serde(default)]
     wait_ms: u64,
 }
 
+/// Long-poll: the node's desired state once its version passes `after`, or when `wait_ms`
+/// (at most 30 s) runs out.
+#[utoipa::path(get, path = "/v1/agents/{node}/desired", tag = "agents",
+    params(("node" = String, Path, description = "The node, as registered."), DesiredQuery),
+    responses(
+        (status = 200, description = "The node's desired state.", body = DesiredNode),
+        (status = 404, description = "The node is not registered.", body = ApiError),
+    ))]
 pub async fn desired(
     State(cluster): State<Arc<Cluster>>,
     SpeaksFor(node): SpeaksFor,

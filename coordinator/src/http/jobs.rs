@@ -12,13 +12,26 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use nightshift_common::{JobList, JobSpec, JobView};
+use nightshift_common::{ApiError, JobList, JobSpec, JobView};
 
 use super::{HttpError, access, parse};
 use crate::auth::{Principal, Role};
 use crate::cluster::Cluster;
 use crate::policy::{PolicyError, Refusal, Submitter, check_escapes};
 
+/// Queue a job.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    tag = "jobs",
+    request_body = JobSpec,
+    responses(
+        (status = 201, description = "Queued.", body = JobView),
+        (status = 400, description = "Not a job: the field and why.", body = ApiError),
+        (status = 403, description = "Refused by the job policy or the caller's role.", body = ApiError),
+        (status = 422, description = "A job the coordinator cannot run.", body = ApiError),
+    )
+)]
 pub async fn submit(
     State(cluster): State<Arc<Cluster>>,
     principal: Option<Extension<Principal>>,
@@ -97,12 +110,22 @@ fn by_policy(e: PolicyError) -> HttpError {
     HttpError::new(StatusCode::FORBIDDEN, e.to_string(), Some(&e.field))
 }
 
+/// Every job.
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs",
+    responses((status = 200, description = "Every job, oldest first.", body = JobList)))]
 pub async fn list(State(cluster): State<Arc<Cluster>>) -> Json<JobList> {
     Json(JobList {
         jobs: cluster.read(|core, _| core.jobs()),
     })
 }
 
+/// One job.
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = u64, Path, description = "The job.")),
+    responses(
+        (status = 200, description = "The job.", body = JobView),
+        (status = 404, description = "No such job.", body = ApiError),
+    ))]
 pub async fn show(
     State(cluster): State<Arc<Cluster>>,
     Path(id): Path<u64>,
@@ -113,6 +136,14 @@ pub async fn show(
         .ok_or_else(|| HttpError::new(StatusCode::NOT_FOUND, format!("job {id} not found"), None))
 }
 
+/// Cancel a job; one that runs is stopped first.
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = u64, Path, description = "The job.")),
+    responses(
+        (status = 200, description = "The job, cancelled or cancelling.", body = JobView),
+        (status = 404, description = "No such job.", body = ApiError),
+        (status = 409, description = "The job has finished.", body = ApiError),
+    ))]
 pub async fn cancel(
     State(cluster): State<Arc<Cluster>>,
     Path(id): Path<u64>,

@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use nightshift_common::ApiError;
 use serde::Deserialize;
 
 use super::HttpError;
@@ -28,14 +29,27 @@ const CONNECT: Duration = Duration::from_secs(5);
 /// How long the agent may take to start answering (a TLS handshake, finding the container).
 const ANSWER: Duration = Duration::from_secs(30);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct LogsQuery {
+    /// Only the last N lines.
     tail: Option<usize>,
+    /// Keep streaming until the container exits.
     #[serde(default)]
     follow: bool,
 }
 
+/// A job's container output (stdout and stderr), from the agent of its node.
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs", tag = "jobs",
+    params(("id" = u64, Path, description = "The job."), LogsQuery),
+    responses(
+        (status = 200, description = "The output; with `follow`, streamed until the container exits.",
+            body = String, content_type = "text/plain"),
+        (status = 404, description = "No such job.", body = ApiError),
+        (status = 409, description = "The job has not run on any node yet.", body = ApiError),
+        (status = 502, description = "The agent could not be asked.", body = ApiError),
+    ))]
 pub async fn logs(
     State(cluster): State<Arc<Cluster>>,
     Path(id): Path<u64>,

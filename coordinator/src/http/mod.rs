@@ -7,6 +7,7 @@ mod identity;
 mod jobs;
 mod logs;
 mod nodes;
+pub mod openapi;
 mod pipelines;
 mod report;
 mod services;
@@ -15,9 +16,11 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
+use axum::handler::Handler;
+use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::MethodRouter;
 use nightshift_common::ApiError;
 use nightshift_core::CoreError;
 
@@ -58,34 +61,92 @@ pub fn access_for(
 }
 
 fn build(cluster: Arc<Cluster>, access: Option<access::AccessState>) -> Router {
-    let mut api = Router::new()
-        .route("/v1/jobs", post(jobs::submit).get(jobs::list))
-        .route("/v1/jobs/{id}", get(jobs::show))
-        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
-        .route("/v1/jobs/{id}/logs", get(logs::logs))
-        .route(
-            "/v1/pipelines",
-            post(pipelines::submit).get(pipelines::list),
-        )
-        .route("/v1/pipelines/{id}", get(pipelines::show))
-        .route("/v1/pipelines/{id}/rerun", post(pipelines::rerun))
-        .route("/v1/nodes", get(nodes::list))
-        .route("/v1/nodes/http_sd", get(services::nodes_http_sd))
-        .route("/v1/report", get(report::report))
-        .route("/v1/services/{name}/endpoints", get(services::list))
-        .route("/v1/services/{name}/http_sd", get(services::http_sd))
-        .route("/metrics", get(metrics))
-        .route("/v1/services/{name}/gateway", post(nodes::gateway));
+    let mut api = api_routes().router;
     if let Some(access) = access {
         api = api.route_layer(axum::middleware::from_fn_with_state(access, access::check));
     }
     Router::new()
-        .route("/healthz", get(healthz))
+        .merge(open_routes().router)
         .merge(api)
-        .merge(agent_routes())
+        .merge(agent_routes().router)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(body_limit))
         .with_state(cluster)
+}
+
+/// Every route [`build`] serves, as its method and path (`/v1/jobs/{id}`), listed from the
+/// tables the router is built from: what the OpenAPI document must describe, no more.
+pub fn served_routes() -> Vec<(Method, &'static str)> {
+    [open_routes(), api_routes(), agent_routes()]
+        .into_iter()
+        .flat_map(|r| r.served)
+        .collect()
+}
+
+/// Routes for a router, each recorded with its method and path as it is added, so that
+/// [`served_routes`] lists what the router serves without a second list to keep.
+struct Routes {
+    router: Router<Arc<Cluster>>,
+    served: Vec<(Method, &'static str)>,
+}
+
+impl Routes {
+    fn new() -> Self {
+        Self {
+            router: Router::new(),
+            served: Vec::new(),
+        }
+    }
+
+    /// `GET path` (and `HEAD`, which axum answers with the `GET` handler).
+    fn get<H: Handler<T, Arc<Cluster>>, T: 'static>(self, path: &'static str, h: H) -> Self {
+        self.add(Method::GET, path, axum::routing::get(h))
+    }
+
+    fn post<H: Handler<T, Arc<Cluster>>, T: 'static>(self, path: &'static str, h: H) -> Self {
+        self.add(Method::POST, path, axum::routing::post(h))
+    }
+
+    /// Routes of one path merge: `POST` and `GET /v1/jobs` are two calls.
+    fn add(
+        mut self,
+        method: Method,
+        path: &'static str,
+        handler: MethodRouter<Arc<Cluster>>,
+    ) -> Self {
+        self.router = self.router.route(path, handler);
+        self.served.push((method, path));
+        self
+    }
+}
+
+/// Open to anyone, even once the coordinator has API tokens: liveness, and the API's
+/// description (which says nothing of the cluster's state).
+fn open_routes() -> Routes {
+    Routes::new()
+        .get("/healthz", healthz)
+        .get("/v1/openapi.json", openapi::serve)
+}
+
+/// The API of operators, researchers and load balancers; behind API tokens ([`access`]).
+fn api_routes() -> Routes {
+    Routes::new()
+        .post("/v1/jobs", jobs::submit)
+        .get("/v1/jobs", jobs::list)
+        .get("/v1/jobs/{id}", jobs::show)
+        .post("/v1/jobs/{id}/cancel", jobs::cancel)
+        .get("/v1/jobs/{id}/logs", logs::logs)
+        .post("/v1/pipelines", pipelines::submit)
+        .get("/v1/pipelines", pipelines::list)
+        .get("/v1/pipelines/{id}", pipelines::show)
+        .post("/v1/pipelines/{id}/rerun", pipelines::rerun)
+        .get("/v1/nodes", nodes::list)
+        .get("/v1/nodes/http_sd", services::nodes_http_sd)
+        .get("/v1/report", report::report)
+        .get("/v1/services/{name}/endpoints", services::list)
+        .get("/v1/services/{name}/http_sd", services::http_sd)
+        .get("/metrics", metrics)
+        .post("/v1/services/{name}/gateway", nodes::gateway)
 }
 
 /// The one body limit: a body longer than [`MAX_BODY`] is refused (413) before access
@@ -123,14 +184,24 @@ async fn body_limit(req: axum::extract::Request, next: axum::middleware::Next) -
 
 /// The agent protocol; over HTTPS each handler checks that the client certificate names
 /// the node it acts for ([`identity`]).
-fn agent_routes() -> Router<Arc<Cluster>> {
-    Router::new()
-        .route("/v1/agents/register", post(agents::register))
-        .route("/v1/agents/{node}/heartbeat", post(agents::heartbeat))
-        .route("/v1/agents/{node}/desired", get(agents::desired))
+fn agent_routes() -> Routes {
+    Routes::new()
+        .post("/v1/agents/register", agents::register)
+        .post("/v1/agents/{node}/heartbeat", agents::heartbeat)
+        .get("/v1/agents/{node}/desired", agents::desired)
 }
 
 /// `ok`, or 503 with the reason: shutting down, or the store failing to save.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    security(()),
+    responses(
+        (status = 200, description = "Healthy: `ok`.", body = String, content_type = "text/plain"),
+        (status = 503, description = "Why not.", body = String, content_type = "text/plain"),
+    )
+)]
 async fn healthz(axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>) -> Response {
     match cluster.unhealthy() {
         None => "ok".into_response(),
@@ -139,6 +210,15 @@ async fn healthz(axum::extract::State(cluster): axum::extract::State<Arc<Cluster
 }
 
 /// OpenMetrics for Prometheus, the classic text format for others (`promtool`, curl).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "meta",
+    responses((status = 200, description = "The metrics, as `Accept` asks.", content(
+        (String = "text/plain"),
+        (String = "application/openmetrics-text"),
+    )))
+)]
 async fn metrics(
     axum::extract::State(cluster): axum::extract::State<Arc<Cluster>>,
     headers: axum::http::HeaderMap,

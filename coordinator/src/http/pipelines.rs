@@ -6,14 +6,23 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use nightshift_common::{PipelineRunList, PipelineRunView, PipelineSubmit};
+use nightshift_common::{ApiError, PipelineRunList, PipelineRunView, PipelineSubmit};
 
 use super::{HttpError, parse};
 use crate::cluster::Cluster;
 
+/// Start a pipeline run of an Argo Workflows file.
+///
 /// A workflow that does not lint, or unknown parameters, are refused (422) and nothing is
 /// queued. Its steps are admitted as they launch, by the job policy that admits a job
 /// submitted alone ([`crate::policy::PolicyConfig::admit`]): a step refused errors.
+#[utoipa::path(post, path = "/v1/pipelines", tag = "pipelines",
+    request_body = PipelineSubmit,
+    responses(
+        (status = 201, description = "The run, started.", body = PipelineRunView),
+        (status = 400, description = "Not a pipeline submission.", body = ApiError),
+        (status = 422, description = "The workflow does not lint, or its parameters are unknown.", body = ApiError),
+    ))]
 pub async fn submit(
     State(cluster): State<Arc<Cluster>>,
     body: Bytes,
@@ -31,6 +40,12 @@ pub async fn submit(
     Ok((StatusCode::CREATED, Json(view)))
 }
 
+/// Every pipeline run.
+/// Run a pipeline again.
+///
+/// Starts a new run of what run `id` ran: the same file text and parameters.
+#[utoipa::path(get, path = "/v1/pipelines", tag = "pipelines",
+    responses((status = 200, description = "Every run.", body = PipelineRunList)))]
 pub async fn list(State(cluster): State<Arc<Cluster>>) -> Json<PipelineRunList> {
     let runs = cluster.read_pipelines(|core, p| p.list(|j| core.job(j)));
     Json(PipelineRunList {
@@ -38,6 +53,13 @@ pub async fn list(State(cluster): State<Arc<Cluster>>) -> Json<PipelineRunList> 
     })
 }
 
+/// One pipeline run, with its steps.
+#[utoipa::path(get, path = "/v1/pipelines/{id}", tag = "pipelines",
+    params(("id" = u64, Path, description = "The run.")),
+    responses(
+        (status = 200, description = "The run.", body = PipelineRunView),
+        (status = 404, description = "No such run.", body = ApiError),
+    ))]
 pub async fn show(
     State(cluster): State<Arc<Cluster>>,
     Path(id): Path<u64>,
@@ -54,7 +76,12 @@ pub async fn show(
         })
 }
 
-/// Starts a new run of what run `id` ran: the same file text and parameters.
+#[utoipa::path(post, path = "/v1/pipelines/{id}/rerun", tag = "pipelines",
+    params(("id" = u64, Path, description = "The run to run again.")),
+    responses(
+        (status = 201, description = "The new run.", body = PipelineRunView),
+        (status = 404, description = "No such run.", body = ApiError),
+    ))]
 pub async fn rerun(
     State(cluster): State<Arc<Cluster>>,
     Path(id): Path<u64>,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Query, State};
-use nightshift_common::Report;
+use nightshift_common::{ApiError, Report};
 use nightshift_core::Usage;
 use nightshift_core::report::{self, GroupBy};
 use serde::Deserialize;
@@ -13,18 +13,27 @@ use serde::Deserialize;
 use super::HttpError;
 use crate::cluster::Cluster;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ReportQuery {
     /// Unix milliseconds; 30 days before `until` when absent.
     since: Option<u64>,
     /// Unix milliseconds; now when absent.
     until: Option<u64>,
+    /// `team`, `job`, `day` or `month`.
     by: Option<String>,
 }
 
 const MONTH_MS: u64 = 30 * 86_400_000;
 
+/// Harvested GPU time over a period, and what it was worth.
+#[utoipa::path(get, path = "/v1/report", tag = "report",
+    params(ReportQuery),
+    responses(
+        (status = 200, description = "The report.", body = Report),
+        (status = 400, description = "A bad period or grouping.", body = ApiError),
+    ))]
 pub async fn report(
     State(cluster): State<Arc<Cluster>>,
     Query(q): Query<ReportQuery>,

@@ -3,13 +3,14 @@
 //! node serves and its agent reports it serving. `/v1/nodes/http_sd`: every registered
 //! node's agent metrics, for Prometheus to scrape.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
-use nightshift_common::{Endpoint, Endpoints, NodeMode, ReplicaState};
-use serde_json::{Value, json};
+use nightshift_common::{ApiError, Endpoint, Endpoints, NodeMode, ReplicaState};
+use serde::Serialize;
 
 use super::HttpError;
 use crate::cluster::Cluster;
@@ -46,6 +47,21 @@ fn endpoints(cluster: &Cluster, service: &str) -> Result<Endpoints, HttpError> {
     })
 }
 
+/// A target group of Prometheus's `http_sd_config`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TargetGroup {
+    /// `host:port` of each target.
+    targets: Vec<String>,
+    labels: BTreeMap<String, String>,
+}
+
+/// A service's replicas and whether each is ready.
+#[utoipa::path(get, path = "/v1/services/{name}/endpoints", tag = "services",
+    params(("name" = String, Path, description = "The service.")),
+    responses(
+        (status = 200, description = "Its replicas.", body = Endpoints),
+        (status = 404, description = "No such service.", body = ApiError),
+    ))]
 pub async fn list(
     State(cluster): State<Arc<Cluster>>,
     Path(service): Path<String>,
@@ -54,12 +70,18 @@ pub async fn list(
 }
 
 /// Prometheus `http_sd_config` targets: one group per ready replica.
+#[utoipa::path(get, path = "/v1/services/{name}/http_sd", tag = "services",
+    params(("name" = String, Path, description = "The service.")),
+    responses(
+        (status = 200, description = "One group per ready replica.", body = Vec<TargetGroup>),
+        (status = 404, description = "No such service.", body = ApiError),
+    ))]
 pub async fn http_sd(
     State(cluster): State<Arc<Cluster>>,
     Path(service): Path<String>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<Vec<TargetGroup>>, HttpError> {
     let e = endpoints(&cluster, &service)?;
-    let groups: Vec<Value> = e
+    let groups = e
         .endpoints
         .iter()
         .filter(|e| e.ready)
@@ -68,17 +90,23 @@ pub async fn http_sd(
                 .url
                 .trim_start_matches("http://")
                 .trim_start_matches("https://");
-            json!({"targets": [target], "labels": {"service": service, "node": e.node}})
+            TargetGroup {
+                targets: vec![target.to_owned()],
+                labels: labels([("service", &service), ("node", &e.node)]),
+            }
         })
         .collect();
-    Ok(Json(Value::Array(groups)))
+    Ok(Json(groups))
 }
 
 /// Prometheus `http_sd_config` targets: each registered node's agent `/metrics`, once the
 /// agent has said where that is, labelled with its `node` and `service` (so the agents'
 /// series carry them). Every node is listed, reachable or not: Prometheus' `up` then shows a
 /// silent agent.
-pub async fn nodes_http_sd(State(cluster): State<Arc<Cluster>>) -> Json<Value> {
+#[utoipa::path(get, path = "/v1/nodes/http_sd", tag = "nodes",
+    responses((status = 200, description = "One group per node that told its metrics url.",
+        body = Vec<TargetGroup>)))]
+pub async fn nodes_http_sd(State(cluster): State<Arc<Cluster>>) -> Json<Vec<TargetGroup>> {
     let nodes: Vec<(String, String)> = cluster.peek(|core| {
         core.node_names()
             .filter_map(|name| core.node(name))
@@ -94,18 +122,25 @@ pub async fn nodes_http_sd(State(cluster): State<Arc<Cluster>>) -> Json<Value> {
                 return None;
             };
             let (scheme, address, path) = target;
-            Some(json!({
-                "targets": [address],
-                "labels": {
-                    "node": node,
-                    "service": service,
-                    "__scheme__": scheme,
-                    "__metrics_path__": path,
-                },
-            }))
+            Some(TargetGroup {
+                targets: vec![address],
+                labels: labels([
+                    ("node", &node),
+                    ("service", &service),
+                    ("__scheme__", &scheme),
+                    ("__metrics_path__", &path),
+                ]),
+            })
         })
         .collect();
-    Json(Value::Array(groups))
+    Json(groups)
+}
+
+fn labels<const N: usize>(pairs: [(&str, &String); N]) -> BTreeMap<String, String> {
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.clone()))
+        .collect()
 }
 
 /// `http://host:port/path` as Prometheus wants a target: the scheme, `host:port` and the path.
