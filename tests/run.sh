@@ -70,6 +70,9 @@ forbid() { # forbid PACKAGE CRATE...: PACKAGE must not depend on any CRATE
 }
 forbid nightshift-cli nightshift-coordinator nightshift-agent rusqlite axum bollard
 forbid nightshift-coordinator nightshift-agent bollard
+# The OpenAPI schemas are the coordinator's (common's `openapi` feature); the validator is a test's.
+forbid nightshift-cli utoipa jsonschema
+forbid nightshift-agent utoipa jsonschema
 
 # part NAME COMMAND...: runs one part of the run and says how long it took.
 part() {
