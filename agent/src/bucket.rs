@@ -19,8 +19,10 @@
 //! that one with `STARTED` but no manifest yet, of an earlier attempt, is one whose upload
 //! may still be under way (a reclaimed job's upload runs after its GPUs were given back):
 //! the restore waits for its manifest, up to `checkpoints.object.upload_wait_s`, then takes
-//! the newest complete one. The other members of a gang start under epochs of their own
-//! with the same attempt number: their `STARTED` is not waited for. After the attempt's container stops, its directory is uploaded
+//! the newest complete one, and never waits for an epoch that the same attempt started.
+//!
+//! A gang member's attempts are kept per rank, `PREFIX jobs/JOB/checkpoints/rank-R/EPOCH/...`
+//! ([`Layout::rank`]): each member resumes from its own rank's newest checkpoint. After the attempt's container stops, its directory is uploaded
 //! ([`Bucket::upload`]) in the background, the manifest last.
 //!
 //! Requests are signed with SigV4 (presigned URLs, `rusty-s3`) and sent over hyper with
@@ -254,10 +256,12 @@ fn load_roots(ca_file: Option<&Path>) -> Result<rustls::RootCertStore, ObjectCon
 // ---------------------------------------------------------------------------------------
 // The key layout
 
-/// The keys of one job's checkpoints, under the configured prefix.
+/// The keys of jobs' checkpoints, under the configured prefix; those of one rank of a
+/// gang ([`Layout::rank`]) under `rank-R/`, apart from the other ranks'.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     prefix: String,
+    rank: Option<u32>,
 }
 
 pub const STARTED: &str = "STARTED";
@@ -268,12 +272,26 @@ impl Layout {
     pub fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
+            rank: None,
         }
     }
 
-    /// Where every attempt of `job` keeps its checkpoint.
+    /// The keys of gang rank `rank`'s attempts (`None`: a single-node job's): each member of
+    /// a gang resumes from its own rank's newest checkpoint, never another rank's, as with
+    /// the other storages (`crate::job::JobDirs::for_lease`).
+    pub fn rank(&self, rank: Option<u32>) -> Self {
+        Self {
+            prefix: self.prefix.clone(),
+            rank,
+        }
+    }
+
+    /// Where every attempt of `job` (of this layout's rank) keeps its checkpoint.
     pub fn job(&self, job: u64) -> String {
-        format!("{}jobs/{job}/checkpoints/", self.prefix)
+        match self.rank {
+            None => format!("{}jobs/{job}/checkpoints/", self.prefix),
+            Some(r) => format!("{}jobs/{job}/checkpoints/rank-{r}/", self.prefix),
+        }
     }
 
     /// Where the attempt of `epoch` keeps it.
@@ -705,18 +723,20 @@ impl Bucket {
         }
     }
 
-    /// Fills `dir` (which must not exist) with the newest complete checkpoint of `job`
-    /// below `epoch`, waiting up to `upload_wait` for a newer attempt's upload, then marks
-    /// the attempt of `epoch` started. Files go to `dir` with `.partial` appended first and
+    /// Fills `dir` (which must not exist) with the newest complete checkpoint of `job` (of
+    /// gang rank `rank`) below `epoch`, waiting up to `upload_wait` for a newer attempt's
+    /// upload, then marks the attempt of `epoch` started. Files go to `dir` with `.partial` appended first and
     /// are renamed into place, so a restore cut short leaves nothing to start from.
     pub async fn restore(
         &self,
         job: u64,
+        rank: Option<u32>,
         epoch: u64,
         attempt: u32,
         node: &str,
         dir: &Path,
     ) -> Result<Restored, BucketError> {
+        let layout = self.layout.rank(rank);
         let local = |p: &Path| {
             let path = p.display().to_string();
             move |source| BucketError::Local { path, source }
@@ -726,13 +746,13 @@ impl Bucket {
         // Epochs started by this same attempt (a gang's other members): never waited for.
         let mut same_attempt = std::collections::BTreeSet::new();
         let epochs = loop {
-            let keys = self.list(&self.layout.job(job)).await?;
-            let mut epochs = self.layout.epochs(job, &keys, epoch);
+            let keys = self.list(&layout.job(job)).await?;
+            let mut epochs = layout.epochs(job, &keys, epoch);
             for e in epochs.pending.clone() {
                 if same_attempt.contains(&e) {
                     continue;
                 }
-                let started = self.get(&self.layout.started(job, e)).await?;
+                let started = self.get(&layout.started(job, e)).await?;
                 let theirs = started.and_then(|b| serde_json::from_slice::<Started>(&b).ok());
                 if theirs.is_some_and(|s| s.attempt >= attempt) {
                     same_attempt.insert(e);
@@ -772,7 +792,7 @@ impl Bucket {
             waited,
         };
         for from in epochs.complete {
-            let key = self.layout.manifest(job, from);
+            let key = layout.manifest(job, from);
             let Some(bytes) = self.get(&key).await? else {
                 continue;
             };
@@ -788,15 +808,12 @@ impl Bucket {
                 .map_err(local(&partial))?;
             for f in &manifest.files {
                 let size = self
-                    .get_file(
-                        &self.layout.file(job, from, &f.path),
-                        &partial.join(&f.path),
-                    )
+                    .get_file(&layout.file(job, from, &f.path), &partial.join(&f.path))
                     .await?;
                 if size != f.size {
                     return Err(self.error(
                         "get",
-                        &self.layout.file(job, from, &f.path),
+                        &layout.file(job, from, &f.path),
                         format!("{size} bytes where the manifest says {}", f.size),
                     ));
                 }
@@ -816,7 +833,7 @@ impl Bucket {
             attempt,
         };
         self.put(
-            &self.layout.started(job, epoch),
+            &layout.started(job, epoch),
             serde_json::to_vec(&started).unwrap_or_default(),
         )
         .await?;
@@ -829,11 +846,13 @@ impl Bucket {
     pub async fn upload(
         &self,
         job: u64,
+        rank: Option<u32>,
         epoch: u64,
         node: &str,
         dir: &Path,
     ) -> Result<Manifest, BucketError> {
-        let key = self.layout.manifest(job, epoch);
+        let layout = self.layout.rank(rank);
+        let key = layout.manifest(job, epoch);
         if let Some(bytes) = self.get(&key).await? {
             return serde_json::from_slice(&bytes)
                 .map_err(|e| self.error("get", &key, format!("unreadable manifest: {e}")));
@@ -852,7 +871,7 @@ impl Bucket {
         let mut uploaded = Vec::with_capacity(files.len());
         for f in files {
             let size = self
-                .put_file(&self.layout.file(job, epoch, &f.path), &dir.join(&f.path))
+                .put_file(&layout.file(job, epoch, &f.path), &dir.join(&f.path))
                 .await?;
             uploaded.push(ManifestFile { path: f.path, size });
         }
@@ -863,7 +882,7 @@ impl Bucket {
             files: uploaded,
         };
         let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
-        self.put(&self.layout.manifest(job, epoch), bytes).await?;
+        self.put(&layout.manifest(job, epoch), bytes).await?;
         Ok(manifest)
     }
 }
@@ -907,6 +926,16 @@ mod tests {
             l.epoch(7, 9) < l.epoch(7, 10),
             "lexical order is epoch order"
         );
+        let r1 = l.rank(Some(1));
+        assert_eq!(
+            r1.manifest(7, 42),
+            "team/jobs/7/checkpoints/rank-1/00000000000000000042/MANIFEST.json"
+        );
+        // A single-node listing never mistakes a rank's keys for its epochs, nor a rank
+        // another's.
+        let keys = vec![r1.manifest(7, 42), l.rank(Some(0)).manifest(7, 40)];
+        assert_eq!(l.epochs(7, &keys, 100), Epochs::default());
+        assert_eq!(r1.epochs(7, &keys, 100).complete, vec![42]);
         assert_eq!(
             Layout::new("").started(1, 2),
             "jobs/1/checkpoints/00000000000000000002/STARTED"

@@ -90,10 +90,28 @@ impl JobDirs {
     /// The directories of the attempt that runs under `lease`: [`JobDirs::attempt`], with a
     /// gang member's checkpoints among those of its rank.
     pub fn for_lease(work_dir: &Path, checkpoint_root: &Path, lease: &LeaseGrant) -> Self {
-        let mut dirs = Self::attempt(work_dir, checkpoint_root, lease.job_id, lease.epoch);
-        if let Some(r) = lease.rendezvous.as_ref().filter(|r| r.nnodes > 1) {
-            dirs.attempts = dirs.attempts.join(format!("rank-{}", r.node_rank));
-            dirs.checkpoint = dirs.attempts.join(lease.epoch.to_string());
+        Self::member(
+            work_dir,
+            checkpoint_root,
+            lease.job_id,
+            lease.epoch,
+            gang_rank(lease),
+        )
+    }
+
+    /// The directories of the attempt of `job` under epoch `epoch`, as gang rank `rank`
+    /// (`None`: a single-node job): [`JobDirs::for_lease`] from what a container's labels say.
+    pub fn member(
+        work_dir: &Path,
+        checkpoint_root: &Path,
+        job: u64,
+        epoch: u64,
+        rank: Option<u32>,
+    ) -> Self {
+        let mut dirs = Self::attempt(work_dir, checkpoint_root, job, epoch);
+        if let Some(r) = rank {
+            dirs.attempts = dirs.attempts.join(format!("rank-{r}"));
+            dirs.checkpoint = dirs.attempts.join(epoch.to_string());
         }
         dirs
     }
@@ -269,6 +287,15 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The node rank of a gang member's lease; `None` for a single-node job.
+pub fn gang_rank(lease: &LeaseGrant) -> Option<u32> {
+    lease
+        .rendezvous
+        .as_ref()
+        .filter(|r| r.nnodes > 1)
+        .map(|r| r.node_rank)
+}
+
 pub fn container_name(node: &str, lease: &LeaseGrant) -> String {
     format!("nightshift-job-{node}-{}-{}", lease.job_id, lease.lease_id)
 }
@@ -335,7 +362,7 @@ pub fn container_spec(
             });
         }
     }
-    let labels = BTreeMap::from([
+    let mut labels = BTreeMap::from([
         (labels::MANAGED_BY.to_owned(), node.to_owned()),
         (labels::ROLE.to_owned(), labels::ROLE_JOB.to_owned()),
         (labels::JOB_ID.to_owned(), lease.job_id.to_string()),
@@ -348,6 +375,9 @@ pub fn container_spec(
             job.checkpoint.grace_period_seconds.to_string(),
         ),
     ]);
+    if let Some(rank) = gang_rank(lease) {
+        labels.insert(labels::RANK.to_owned(), rank.to_string());
+    }
     ContainerSpec {
         name: container_name(node, lease),
         image: job.image.clone(),
@@ -495,6 +525,10 @@ mod tests {
         assert_eq!(env["NIGHTSHIFT_GPUS"], "1,2");
         assert_eq!(spec.labels["io.nightshift.epoch"], "4");
         assert_eq!(spec.labels[GRACE_LABEL], "7");
+        assert!(
+            !spec.labels.contains_key(labels::RANK),
+            "no rank: not a gang"
+        );
         assert_eq!(spec.stop_signal.as_deref(), Some("SIGUSR1"));
         assert_eq!(spec.name, "nightshift-job-n1-3-9");
         assert!(spec.binds[0].0.ends_with("jobs/3/checkpoint"));
@@ -531,12 +565,12 @@ mod tests {
             spec.publish.map(|p| (p.host_ip, p.host_port)),
             Some(("127.0.0.1".into(), 29503))
         );
+        assert_eq!(spec.labels[labels::RANK], "0");
         l.rendezvous.as_mut().unwrap().node_rank = 1;
-        assert!(
-            container_spec("n2", &l, &dirs, GpuAccess::None, "127.0.0.1")
-                .publish
-                .is_none()
-        );
+        let spec = container_spec("n2", &l, &dirs, GpuAccess::None, "127.0.0.1");
+        assert!(spec.publish.is_none());
+        // Its rank, for where its checkpoint goes once it stops (object storage).
+        assert_eq!(spec.labels[labels::RANK], "1");
     }
 
     #[test]

@@ -705,15 +705,10 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             if self.restores.contains_key(&lease.lease_id) {
                 continue;
             }
-            let dir = JobDirs::attempt(
-                &self.cfg.work_dir,
-                self.cfg.checkpoint_root(),
-                lease.job_id,
-                lease.epoch,
-            )
-            .checkpoint;
+            let dir = self.attempt_dirs(lease).checkpoint;
             let (bucket, node) = (bucket.clone(), self.node().to_owned());
             let (job, epoch, attempt) = (lease.job_id, lease.epoch, lease.attempt);
+            let rank = job::gang_rank(lease);
             let task = tokio::spawn(async move {
                 if tokio::fs::try_exists(&dir).await.unwrap_or(false) {
                     tokio::fs::remove_dir_all(&dir)
@@ -731,7 +726,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         }
                     })?;
                 }
-                let restored = bucket.restore(job, epoch, attempt, &node, &dir).await?;
+                let restored = bucket
+                    .restore(job, rank, epoch, attempt, &node, &dir)
+                    .await?;
                 crate::job::open_to_group(&dir).map_err(|source| BucketError::Local {
                     path: dir.display().to_string(),
                     source,
@@ -798,7 +795,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             if let Some((lease, _, started)) = self.restored.remove(&id) {
                 let has_container = jobs(containers).any(|c| lease_of(c) == Some(id));
                 if !started && !has_container {
-                    self.upload(lease.job_id, lease.epoch, None);
+                    self.upload(lease.job_id, job::gang_rank(&lease), lease.epoch, None);
                 }
             }
         }
@@ -831,26 +828,28 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             // Stopped by the agent (a reclaim or a preemption): the upload is a phase of that
             // sequence; a job that ended on its own is simply uploaded.
             let stopped = self.mem.stopped.contains(&c.id);
-            self.upload(job, epoch, stopped.then_some(Instant::now()));
+            let rank = label_u64(c, labels::RANK).map(|r| r as u32);
+            self.upload(job, rank, epoch, stopped.then_some(Instant::now()));
         }
     }
 
-    /// Uploads the checkpoint directory of `job`'s attempt of `epoch` in the background;
+    /// Uploads the checkpoint directory of `job`'s attempt of `epoch` (as gang rank `rank`)
+    /// in the background;
     /// records `upload_checkpoint` (reclaim) when it ends, with `phase_began`, and removes
     /// the directory from the host. One that cannot be uploaded stays.
-    fn upload(&self, job: u64, epoch: u64, phase_began: Option<Instant>) {
+    fn upload(&self, job: u64, rank: Option<u32>, epoch: u64, phase_began: Option<Instant>) {
         let Some(bucket) = self.bucket.clone() else {
             return;
         };
-        let dir =
-            JobDirs::attempt(&self.cfg.work_dir, self.cfg.checkpoint_root(), job, epoch).checkpoint;
+        let (work_dir, root) = (&self.cfg.work_dir, self.cfg.checkpoint_root());
+        let dir = JobDirs::member(work_dir, root, job, epoch, rank).checkpoint;
         let (node, shared) = (self.node().to_owned(), self.shared.clone());
         tokio::spawn(async move {
             let began = Instant::now();
             let mut tries = 0;
             loop {
                 tries += 1;
-                match bucket.upload(job, epoch, &node, &dir).await {
+                match bucket.upload(job, rank, epoch, &node, &dir).await {
                     Ok(manifest) => {
                         let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
                         tracing::info!(
@@ -971,15 +970,11 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         }
     }
 
-    /// The directories of the attempt under `lease`: a gang member's checkpoints among its
-    /// rank's with local or shared storage; with object storage the bucket keeps attempts
-    /// by job and epoch, and the attempt's directory is where its checkpoint is restored.
+    /// The directories of the attempt under `lease`, a gang member's checkpoints among its
+    /// rank's; with object storage the attempt's directory is where its checkpoint is
+    /// restored (the bucket keeps ranks apart too).
     fn attempt_dirs(&self, lease: &LeaseGrant) -> JobDirs {
-        let (work_dir, root) = (&self.cfg.work_dir, self.cfg.checkpoint_root());
-        match self.bucket {
-            Some(_) => JobDirs::attempt(work_dir, root, lease.job_id, lease.epoch),
-            None => JobDirs::for_lease(work_dir, root, lease),
-        }
+        JobDirs::for_lease(&self.cfg.work_dir, self.cfg.checkpoint_root(), lease)
     }
 
     /// Rebuilds the job runs reported to the coordinator from the containers and leases; a

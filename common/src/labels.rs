@@ -13,6 +13,9 @@ pub const JOB_ID: &str = "io.nightshift.job-id";
 pub const ATTEMPT: &str = "io.nightshift.attempt";
 pub const LEASE_ID: &str = "io.nightshift.lease-id";
 pub const EPOCH: &str = "io.nightshift.epoch";
+/// A gang member's node rank (absent on a single-node job's container): where its
+/// checkpoint goes with object storage.
+pub const RANK: &str = "io.nightshift.rank";
 pub const GPUS: &str = "io.nightshift.gpus";
 pub const SERVICE: &str = "io.nightshift.service";
 

@@ -148,12 +148,12 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
 
     // Attempt 3 saved step 10; attempt 9, step 20 (in a subdirectory too).
     write(&at("e3"), &[("step-10.ckpt", "ten")]);
-    bucket.upload(job, 3, "a", &at("e3")).await.unwrap();
+    bucket.upload(job, None, 3, "a", &at("e3")).await.unwrap();
     write(
         &at("e9"),
         &[("step-20.ckpt", "twenty"), ("opt/state", "adam")],
     );
-    let m = bucket.upload(job, 9, "b", &at("e9")).await.unwrap();
+    let m = bucket.upload(job, None, 9, "b", &at("e9")).await.unwrap();
     assert_eq!(m.files.len(), 2);
 
     let keys = bucket.list(&layout.job(job)).await.unwrap();
@@ -167,7 +167,10 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
     );
 
     // Attempt 12 restores 9's, the newest, and marks itself started.
-    let r = bucket.restore(job, 12, 3, "c", &at("e12")).await.unwrap();
+    let r = bucket
+        .restore(job, None, 12, 3, "c", &at("e12"))
+        .await
+        .unwrap();
     assert_eq!((r.from_epoch, r.files, r.bytes), (Some(9), 2, 10));
     assert_eq!(read(&at("e12"), "step-20.ckpt"), "twenty");
     assert_eq!(read(&at("e12"), "opt/state"), "adam");
@@ -178,16 +181,19 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
     // Attempt 5 uploads late (it ran on after its lease was taken, and saved more): it
     // writes under 5 only, and 9's stays the newest.
     write(&at("e5"), &[("step-15.ckpt", "fifteen")]);
-    bucket.upload(job, 5, "a", &at("e5")).await.unwrap();
+    bucket.upload(job, None, 5, "a", &at("e5")).await.unwrap();
     // An epoch is uploaded once: again (an agent restarted, its copy gone) changes nothing.
-    let again = bucket.upload(job, 9, "b", &at("gone")).await.unwrap();
+    let again = bucket.upload(job, None, 9, "b", &at("gone")).await.unwrap();
     assert_eq!(again, m, "the manifest of 9 stays");
     let keys = bucket.list(&layout.job(job)).await.unwrap();
     assert!(
         epochs_with(&keys, &layout, job, "files/step-15.ckpt") == vec![5],
         "the late upload stays under its own epoch: {keys:?}"
     );
-    let r = bucket.restore(job, 13, 4, "c", &at("e13")).await.unwrap();
+    let r = bucket
+        .restore(job, None, 13, 4, "c", &at("e13"))
+        .await
+        .unwrap();
     assert_eq!(
         r.from_epoch,
         Some(9),
@@ -202,7 +208,10 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
         .put(&layout.file(job, 12, "step-30.ckpt"), b"half".to_vec())
         .await
         .unwrap();
-    let r = bucket.restore(job, 14, 5, "c", &at("e14")).await.unwrap();
+    let r = bucket
+        .restore(job, None, 14, 5, "c", &at("e14"))
+        .await
+        .unwrap();
     assert_eq!(r.from_epoch, Some(9));
     assert!(r.waited >= Duration::from_secs(1), "{r:?}");
     assert!(!at("e14").join("step-30.ckpt").exists());
@@ -215,15 +224,15 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
     let waiting = Bucket::new(&slow).unwrap();
     let restore = tokio::spawn({
         let dest = at("e15");
-        async move { waiting.restore(job, 15, 6, "c", &dest).await }
+        async move { waiting.restore(job, None, 15, 6, "c", &dest).await }
     });
     tokio::time::sleep(Duration::from_millis(700)).await;
-    bucket.upload(job, 12, "c", &at("e12")).await.unwrap();
-    bucket.upload(job, 13, "c", &at("e13")).await.unwrap();
+    bucket.upload(job, None, 12, "c", &at("e12")).await.unwrap();
+    bucket.upload(job, None, 13, "c", &at("e13")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(!restore.is_finished(), "14 has not uploaded yet");
     write(&at("e14"), &[("step-40.ckpt", "forty")]);
-    bucket.upload(job, 14, "c", &at("e14")).await.unwrap();
+    bucket.upload(job, None, 14, "c", &at("e14")).await.unwrap();
     let r = restore.await.unwrap().unwrap();
     assert_eq!(
         r.from_epoch,
@@ -234,22 +243,87 @@ async fn each_attempt_uploads_under_its_epoch_and_the_newest_complete_one_is_res
     assert_eq!(read(&at("e15"), "step-40.ckpt"), "forty");
 
     // An attempt that saved nothing is passed over for the newest that saved something.
-    bucket.upload(job, 15, "c", &at("empty")).await.unwrap();
-    let r = bucket.restore(job, 16, 7, "c", &at("e16")).await.unwrap();
+    bucket
+        .upload(job, None, 15, "c", &at("empty"))
+        .await
+        .unwrap();
+    let r = bucket
+        .restore(job, None, 16, 7, "c", &at("e16"))
+        .await
+        .unwrap();
     assert_eq!(r.from_epoch, Some(14));
-    // The members of a gang start under epochs of their own, as one attempt: rank 1's
-    // restore does not wait for rank 0's epoch, started just before, and both restore the
-    // same checkpoint.
-    bucket.upload(job, 16, "c", &at("e16")).await.unwrap();
-    let r0 = bucket.restore(job, 20, 8, "a", &at("e20")).await.unwrap();
-    let r1 = bucket.restore(job, 21, 8, "b", &at("e21")).await.unwrap();
-    assert_eq!((r0.from_epoch, r1.from_epoch), (Some(16), Some(16)));
-    assert!(r1.waited < Duration::from_millis(500), "{r1:?}");
+    // A lease taken back before its container started is no attempt: the next lease has
+    // the same attempt number and a higher epoch, and does not wait for the first's upload.
+    bucket.upload(job, None, 16, "c", &at("e16")).await.unwrap();
+    let first = bucket
+        .restore(job, None, 20, 8, "a", &at("e20"))
+        .await
+        .unwrap();
+    let next = bucket
+        .restore(job, None, 21, 8, "b", &at("e21"))
+        .await
+        .unwrap();
+    assert_eq!((first.from_epoch, next.from_epoch), (Some(16), Some(16)));
+    assert!(next.waited < Duration::from_millis(500), "{next:?}");
     // A later attempt does wait for them (here up to upload_wait_s, 1 s).
-    let r = bucket.restore(job, 22, 9, "c", &at("e22")).await.unwrap();
+    let r = bucket
+        .restore(job, None, 22, 9, "c", &at("e22"))
+        .await
+        .unwrap();
     assert!(r.waited >= Duration::from_secs(1), "{r:?}");
+
+    // A gang's members keep their attempts per rank: each resumes from its own rank's
+    // newest checkpoint, whatever the order of the epochs, never from another rank's nor
+    // from the single-node keys of the job.
+    let gang = 9;
+    let first = bucket
+        .restore(gang, Some(0), 40, 1, "a", &at("g40"))
+        .await
+        .unwrap();
+    assert_eq!(first.from_epoch, None);
+    bucket
+        .restore(gang, Some(1), 41, 1, "b", &at("g41"))
+        .await
+        .unwrap();
+    write(&at("g40"), &[("shard", "rank 0")]);
+    write(&at("g41"), &[("shard", "rank 1")]);
+    bucket
+        .upload(gang, Some(0), 40, "a", &at("g40"))
+        .await
+        .unwrap();
+    bucket
+        .upload(gang, Some(1), 41, "b", &at("g41"))
+        .await
+        .unwrap();
+    // Attempt 2 the other way round: rank 1 first, under the lower epoch.
+    let r1 = bucket
+        .restore(gang, Some(1), 50, 2, "a", &at("g50"))
+        .await
+        .unwrap();
+    let r0 = bucket
+        .restore(gang, Some(0), 51, 2, "b", &at("g51"))
+        .await
+        .unwrap();
+    assert_eq!((r0.from_epoch, r1.from_epoch), (Some(40), Some(41)));
+    assert_eq!(
+        (read(&at("g51"), "shard"), read(&at("g50"), "shard")),
+        ("rank 0".into(), "rank 1".into())
+    );
+    let keys = bucket.list(&layout.job(gang)).await.unwrap();
+    assert!(
+        keys.contains(&"team/jobs/9/checkpoints/rank-1/00000000000000000041/MANIFEST.json".into()),
+        "{keys:?}"
+    );
+    assert_eq!(
+        epochs_with(&keys, &layout, gang, "MANIFEST.json"),
+        Vec::<u64>::new()
+    );
+
     // And a job with nothing in the bucket starts from an empty directory.
-    let r = bucket.restore(8, 1, 1, "c", &at("fresh")).await.unwrap();
+    let r = bucket
+        .restore(8, None, 1, 1, "c", &at("fresh"))
+        .await
+        .unwrap();
     assert_eq!((r.from_epoch, r.files), (None, 0));
     assert!(std::fs::read_dir(at("fresh")).unwrap().next().is_none());
 }
@@ -261,7 +335,7 @@ async fn a_wrong_bucket_fails_with_the_bucket_named() {
     let moto = Moto::start(dir.path(), "ckpt-there").await;
     let bucket = Bucket::new(&moto.config("ckpt-missing", "")).unwrap();
     let e = bucket
-        .restore(1, 2, 1, "n", &dir.path().join("x"))
+        .restore(1, None, 2, 1, "n", &dir.path().join("x"))
         .await
         .unwrap_err()
         .to_string();
