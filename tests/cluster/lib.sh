@@ -18,7 +18,7 @@ NSC_REGISTRY_USER=nightshift
 NSC_BIN=$NSC_REPO/target/debug
 NSC_REPLICA_IMAGE=nightshift/vllm-standin:dev
 NSC_TRAINER_IMAGE=nightshift/toy-trainer:dev
-NSC_BUSYBOX_IMAGE=nightshift-test/busybox:dev
+NSC_BUSYBOX_IMAGE=busybox:latest            # tests/images/build.sh makes all three
 
 # Host i: node name and host name gpuI, namespace nsc-gpuI, address 198.18.0.(10+I).
 nsc_host() { echo "gpu$1"; }
