@@ -10,6 +10,21 @@
 #             pulled it; `job show` shows it pinned to its registry digest
 #   badauth   with a wrong password in the agents' auth_file the job fails naming the
 #             registry; with the right one again the next job runs
+#   missing   a job naming a tag the registry does not hold fails once, naming the registry
+#             and the reason; a job beside it on the same node runs
+#   rerun-digest  a one-step workflow runs a tag, the tag is moved in the registry, and
+#             `nightshift rerun` runs the old digest: its job records the first one's
+#             image_digest, and its container on the host's engine is the first image's
+#   gang      a 2-node gang with TRAINER_RENDEZVOUS=1 meets across two hosts: rank 0 logs
+#             rank 1 joining from host B's address, rank 1 logs connecting to host A's
+#   follow    a job checkpointing every 10 steps is preempted on host A (a surge at the
+#             gateway takes A back); A's agent is then stopped, so the job runs on another
+#             host, and resumes there from the newest checkpoint of the shared directory
+#   follow-object
+#             the same with object storage: moto (an S3 server) on the rig's gateway address,
+#             every agent restarted with [checkpoints] storage = "object"; the preempted
+#             attempt's upload lands in the bucket under its epoch (reported as the reclaim's
+#             upload_checkpoint phase) and the next attempt, on another host, restores it
 #   gang      a 2-node gang with TRAINER_RENDEZVOUS=1 meets across two hosts: rank 0 logs
 #             rank 1 joining from host B's address, rank 1 logs connecting to host A's
 #   gang-reclaim
@@ -47,9 +62,14 @@ fail() {
   return 1
 }
 
-# scenario NAME FUNCTION: runs it, timed, and records the result.
+# scenario NAME FUNCTION: runs it, timed, and records the result. With NSC_ONLY (scenario
+# names, the words before the colons, space-separated) only those run; the others are skipped.
 scenario() {
   local name=$1 t rc
+  if [ -n "${NSC_ONLY:-}" ] && [[ " $NSC_ONLY " != *" ${name%%:*} "* ]]; then
+    RESULTS+=("SKIP  $name")
+    return
+  fi
   echo "== $name"
   t=$(nsc_now)
   "$2"
@@ -103,6 +123,9 @@ surge() {
     -H 'content-type: application/json' -d '{"waiting": 5}' \
     "$NIGHTSHIFT_URL/v1/services/default/gateway" >/dev/null
 }
+
+# container_of HOST ID: the container of job ID on host number HOST, if any.
+container_of() { nsc_docker "$1" ps -aq --filter "name=nightshift-job-gpu$1-$2-" | head -1; }
 
 # trainer_job FILE NAME IMAGE GPUS [ENV=VALUE...]: writes a toy-trainer job file.
 trainer_job() {
@@ -523,6 +546,111 @@ s_follow_object() {
   kill "$(cat "$NSC_STATE/moto/pid")" 2>/dev/null
 }
 
+s_missing() {
+  local img id id2 state msg where pulls
+  [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  img=$NSC_REGISTRY/nightshift/toy-trainer:missing-$(od -An -tx1 -N4 /dev/urandom | tr -d ' \n')
+  # Two 2-GPU jobs, submitted together: lending takes one node for both.
+  trainer_job "$NSC_STATE/scn-missing.yaml" scn-missing "$img" 2 TRAINER_TARGET_STEP=50
+  trainer_job "$NSC_STATE/scn-missing-next.yaml" scn-missing-next "$IMAGE" 2 TRAINER_TARGET_STEP=50 TRAINER_STEPS_PER_SEC=100
+  id=$(submit "$NSC_STATE/scn-missing.yaml")
+  id2=$(submit "$NSC_STATE/scn-missing-next.yaml")
+  [[ $id =~ ^[0-9]+$ && $id2 =~ ^[0-9]+$ ]] || fail "submit: $id $id2" || return 1
+  state=$(wait_ended "$id" 60)
+  [ "$state" = failed ] || fail "job $id naming a missing tag: $state, not failed" || return 1
+  msg=$(job_field "$id" .message)
+  [[ $msg == *"from registry $NSC_REGISTRY failed"*"not found"* ]] ||
+    fail "job $id's message does not name the registry and the reason: [$msg]" || return 1
+  say "job $id failed: $msg"
+  state=$(wait_ended "$id2" 60)
+  [ "$state" = succeeded ] || fail "job $id2 beside it: $state ($(job_field "$id2" .message))" || return 1
+  where=$(grep -l "pulling image image=\"$img\"" "$NSC_STATE"/gpu*/agent.log | sed 's|.*/gpu\([0-9]*\)/agent.log|\1|' | tr '\n' ' ')
+  [[ $where =~ ^[0-9]+\ $ ]] || fail "not one agent logged pulling $img: [$where]" || return 1
+  where=${where% }
+  [ "$(ran_on "$id2")" = "$where" ] || fail "job $id2 ran on gpu$(ran_on "$id2"), not gpu$where" || return 1
+  # Tried once: one failure, one attempt, one pull in the agent's log (and none since, while
+  # the next job ran).
+  [ "$(job_field "$id" '"\(.failures) \(.attempt)"')" = "1 1" ] ||
+    fail "job $id: failures and attempt $(job_field "$id" '"\(.failures) \(.attempt)"'), not 1 1" || return 1
+  pulls=$(grep -c "pulling image image=\"$img\" registry" "$NSC_STATE/gpu$where/agent.log")
+  [ "$pulls" = 1 ] || fail "gpu$where's agent began $pulls pulls of $img" || return 1
+  say "tried once; job $id2 beside it on gpu$where succeeded"
+}
+
+# run_ended RUN SECONDS: waits for a pipeline run to end; prints its view.
+run_ended() {
+  local v
+  for _ in $(seq 1 $(($2 * 2))); do
+    v=$(nightshift get "$1" -o json 2>/dev/null)
+    [ "$(jq -r .phase <<<"$v" 2>/dev/null)" != Running ] && break
+    sleep 0.5
+  done
+  echo "$v"
+}
+
+s_rerun() {
+  local repo=nightshift/toy-trainer tag wf run run2 v j1 j2 d1 moved u h j c label
+  tag=rerun-$(od -An -tx1 -N4 /dev/urandom | tr -d ' \n')
+  registry_new_image "$repo" "${NSC_TRAINER_IMAGE#*:}" "$tag" "$tag-first" ||
+    fail "making $NSC_REGISTRY/$repo:$tag in the registry" || return 1
+  wf=$NSC_STATE/scn-rerun.yaml
+  cat >"$wf" <<EOF
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata:
+  generateName: scn-rerun-
+spec:
+  entrypoint: train
+  templates:
+  - name: train
+    container:
+      image: $NSC_REGISTRY/$repo:$tag
+      env:
+      - name: TRAINER_TARGET_STEP
+        value: "200"
+      - name: TRAINER_STEPS_PER_SEC
+        value: "100"
+      resources:
+        limits:
+          nvidia.com/gpu: 4
+EOF
+  run=$(submit "$wf")
+  [[ $run =~ ^[0-9]+$ ]] || fail "submit $wf: $run" || return 1
+  v=$(run_ended "$run" 60)
+  [ "$(jq -r .phase <<<"$v")" = Succeeded ] || fail "run $run: $(jq -c '[.phase, .nodes[].message]' <<<"$v")" || return 1
+  j1=$(jq -r '[.nodes[].jobs[]?] | last' <<<"$v")
+  d1=$(job_field "$j1" .image_digest)
+  [[ $d1 == "$NSC_REGISTRY/$repo@sha256:"* ]] || fail "job $j1: image_digest [$d1] is no digest of $repo" || return 1
+  say "run $run's job $j1 ran $NSC_REGISTRY/$repo:$tag, pinned: $d1"
+  # The tag moves to another image (another label, so another digest).
+  registry_new_image "$repo" "${NSC_TRAINER_IMAGE#*:}" "$tag" "$tag-second" || fail "moving $tag" || return 1
+  u="$NSC_REGISTRY_USER:$(cat "$NSC_STATE/registry/password")"
+  moved=$(curl -sfI -u "$u" -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+    "http://$NSC_REGISTRY/v2/$repo/manifests/$tag" | tr -d '\r' | sed -n 's/^[Dd]ocker-[Cc]ontent-[Dd]igest: //p')
+  [[ $moved == sha256:* && $d1 != *"@$moved" ]] || fail "the tag did not move: [$moved]" || return 1
+  say "moved $tag to $moved"
+  run2=$(nightshift rerun "$run" -o json 2>/dev/null | jq -r .id)
+  [[ $run2 =~ ^[0-9]+$ ]] || fail "nightshift rerun $run: $run2" || return 1
+  # Its container, while it runs, on its host's engine: the first image (its label).
+  for _ in $(seq 1 120); do
+    j2=$(nightshift get "$run2" -o json 2>/dev/null | jq -r '[.nodes[].jobs[]?] | last // empty')
+    [ -n "$j2" ] && j=$(job_json "$j2") && h=$(jq -r '.leases[0].node // empty' <<<"$j") && [ -n "$h" ] &&
+      c=$(container_of "${h#gpu}" "$j2") && [ -n "$c" ] &&
+      label=$(nsc_docker "${h#gpu}" inspect -f '{{index .Config.Labels "nightshift.scenario"}}' "$c" 2>/dev/null) && break
+    sleep 0.5
+  done
+  [ "${label:-}" = "$tag-first" ] || fail "the rerun's container (job ${j2:-?} on ${h:-?}) has label [${label:-}], not $tag-first" || return 1
+  v=$(run_ended "$run2" 60)
+  [ "$(jq -r .phase <<<"$v")" = Succeeded ] || fail "rerun $run2: $(jq -c '[.phase, .nodes[].message]' <<<"$v")" || return 1
+  [ "$(job_field "$j2" .image_digest)" = "$d1" ] || fail "job $j2's image_digest [$(job_field "$j2" .image_digest)], not $d1" || return 1
+  [ "$(job_field "$j2" .spec.image)" = "$d1" ] || fail "job $j2 names [$(job_field "$j2" .spec.image)], not $d1" || return 1
+  for h in $(seq 1 "$N"); do
+    nsc_docker "$h" image inspect "$NSC_REGISTRY/$repo@$moved" >/dev/null 2>&1 &&
+      { fail "gpu$h's engine pulled the moved tag's $moved" || return 1; }
+  done
+  say "rerun $run2's job $j2 ran $d1 on $h; no engine holds $moved"
+}
+
 s_clean() {
   local left t
   left=$(nsc_leftovers)
@@ -567,6 +695,8 @@ echo "== up.sh $N in ${T_UP}s"
 
 scenario "pull: an image only the registry holds runs, pinned by digest" s_pull
 scenario "badauth: a wrong registry password fails the job, the next runs" s_badauth
+scenario "missing: a tag the registry does not hold fails once, naming it" s_missing
+scenario "rerun-digest: the tag moved, rerun runs the old digest" s_rerun
 scenario "gang: a 2-node gang rendezvouses across hosts" s_gang
 scenario "gang-reclaim: a gang reclaimed whole resumes on two hosts from its common checkpoint" s_gang_reclaim
 scenario "follow: preempted on A, resumes on another host from the shared checkpoint" s_follow
