@@ -40,6 +40,13 @@
 #             every agent restarted with [checkpoints] storage = "object"; the preempted
 #             attempt's upload lands in the bucket under its epoch (reported as the reclaim's
 #             upload_checkpoint phase) and the next attempt, on another host, restores it
+#   local-back-to-A  the agents restart with local checkpoints; a job preempted on host A
+#             (not the first node lending would pick) goes back to A when A is lent again,
+#             and resumes there from its checkpoint (NIGHTSHIFT_RESUMING=1)
+#   two-services  a fresh coordinator with two services (alpha on gpu1, beta on gpu2 and gpu3,
+#             each with its own replica image and policy): lending takes a node of each, a
+#             surge at alpha's gateway takes back only alpha's, and load on beta's serving
+#             replica takes back beta's. It replaces the coordinator: it runs last
 #   clean     down.sh leaves nothing; a second up.sh 3 and down.sh leave nothing either
 # The scenarios are called through `scenario NAME FUNCTION`, which shellcheck cannot follow.
 # shellcheck disable=SC2317
@@ -117,11 +124,82 @@ ran_on() {
   echo "${out% }"
 }
 
-# A demand surge at the service's gateway: the autoscaler wants replicas back.
+# surge [SERVICE]: a demand surge at the service's gateway (default: "default"): the
+# autoscaler wants replicas back.
 surge() {
   curl -sf --max-time 3 --cacert "$NIGHTSHIFT_CA" -H "Authorization: Bearer $NIGHTSHIFT_TOKEN" \
     -H 'content-type: application/json' -d '{"waiting": 5}' \
-    "$NIGHTSHIFT_URL/v1/services/default/gateway" >/dev/null
+    "$NIGHTSHIFT_URL/v1/services/${1:-default}/gateway" >/dev/null
+}
+
+# wait_running ID SECONDS [JQ]: waits until the job runs (and JQ, a condition on its view,
+# holds); prints its view.
+wait_running() {
+  local j
+  for _ in $(seq 1 $(($2 * 2))); do
+    j=$(job_json "$1")
+    jq -e ".state == \"running\" and (.leases | length > 0) and (${3:-true})" <<<"$j" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  echo "$j"
+}
+
+# The nodes as the coordinator sees them.
+nodes_json() { nightshift nodes -o json 2>/dev/null; }
+node_mode() { nodes_json | jq -r --arg n "$1" '.nodes[] | select(.name == $n) | .mode'; }
+
+# wait_serving COUNT SECONDS: waits until the coordinator sees COUNT nodes reachable, serving,
+# with a ready replica.
+wait_serving() {
+  local n=0
+  for _ in $(seq 1 $(($2 * 5))); do
+    n=$(nodes_json | jq '[.nodes[] | select(.reachable and .mode == "serve" and .replica.state == "serving")] | length' 2>/dev/null)
+    [ "$n" = "$1" ] && return 0
+    sleep 0.2
+  done
+  echo "  $n of $1 nodes serving after $2 s"
+  return 1
+}
+
+# stop_agent I: stops host I's agent (SIGTERM: its containers keep running) and waits for it.
+stop_agent() {
+  local pid
+  pid=$(cat "$NSC_STATE/gpu$1/agent.pid" 2>/dev/null) || return 0
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# agents_ready SECONDS: waits until every host's agent answers 200 at /ready (its replica serves),
+# as up.sh does. After a restart the coordinator may still count the old agent's last report
+# as serving, and then the new agent's first, with the replica not yet adopted, as stopped:
+# wait for the new agents themselves before counting serving nodes.
+agents_ready() {
+  local i
+  for i in $(seq 1 "$N"); do
+    for _ in $(seq 1 $(($1 * 10))); do
+      [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://$(nsc_addr "$i"):7401/ready")" = 200 ] && continue 2
+      sleep 0.1
+    done
+    echo "  gpu$i's agent is not ready after $1 s"
+    return 1
+  done
+}
+
+# restart_agents SED: applies the sed program SED to every host's agent.toml, checks it and
+# restarts the agents with it (they adopt their running containers).
+restart_agents() {
+  local i
+  for i in $(seq 1 "$N"); do
+    sed -i -e "$1" "$NSC_STATE/gpu$i/agent.toml" &&
+      "$NSC_BIN/nightshift-agent" validate --config "$NSC_STATE/gpu$i/agent.toml" >/dev/null || return 1
+  done
+  for i in $(seq 1 "$N"); do stop_agent "$i" || return 1; done
+  for i in $(seq 1 "$N"); do nsc_agent_start "$i"; done
+  agents_ready 30
 }
 
 # container_of HOST ID: the container of job ID on host number HOST, if any.
@@ -651,6 +729,230 @@ EOF
   say "rerun $run2's job $j2 ran $d1 on $h; no engine holds $moved"
 }
 
+s_local() {
+  local blocker id j b0 a epoch first c env newest where state log
+  [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  restart_agents 's/^storage = .*/storage = "local"/; /^shared_dir = /d; /^\[checkpoints\.object\]$/,/^$/d' ||
+    fail "restarting the agents with local checkpoints" || return 1
+  wait_serving "$N" 30 || fail "the agents did not come back" || return 1
+  say "the agents restarted with [checkpoints] storage = \"local\""
+  # A blocker takes the node lending picks first (by name), so that the job runs on another
+  # one, A, which only the job's checkpoint can make lending pick again.
+  trainer_job "$NSC_STATE/scn-local-blocker.yaml" scn-local-blocker "$IMAGE" 4 TRAINER_TARGET_STEP=1000000 TRAINER_STEPS_PER_SEC=10
+  blocker=$(submit "$NSC_STATE/scn-local-blocker.yaml")
+  j=$(wait_running "$blocker" 60)
+  b0=$(jq -r '.leases[0].node // empty' <<<"$j")
+  [[ $b0 =~ ^gpu[0-9]+$ ]] || fail "the blocker $blocker is not running: $j" || return 1
+  trainer_job "$NSC_STATE/scn-local.yaml" scn-local "$IMAGE" 4 TRAINER_TARGET_STEP=500 \
+    TRAINER_STEPS_PER_SEC=100 TRAINER_CHECKPOINT_EVERY=20
+  id=$(submit "$NSC_STATE/scn-local.yaml")
+  j=$(wait_running "$id" 60 '.last_checkpoint_at != null')
+  a=$(jq -r '.leases[0].node // empty' <<<"$j")
+  epoch=$(jq -r '.leases[0].epoch // empty' <<<"$j")
+  [[ $a =~ ^gpu[0-9]+$ && $a != "$b0" ]] || fail "job $id is not running with a checkpoint beside the blocker on $b0: $j" || return 1
+  c=$(container_of "${a#gpu}" "$id")
+  env=$(nsc_docker "${a#gpu}" inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$c" 2>/dev/null)
+  grep -qx NIGHTSHIFT_RESUMING=0 <<<"$env" || fail "attempt 1 of job $id on $a: no NIGHTSHIFT_RESUMING=0" || return 1
+  nightshift cancel "$blocker" >/dev/null 2>&1 || fail "cancel $blocker" || return 1
+  for _ in $(seq 1 60); do
+    [ "$(node_mode "$b0")" = serve ] && break
+    sleep 0.25
+  done
+  say "job $id runs on $a (epoch $epoch) and has checkpointed; the blocker on $b0 is cancelled; a surge takes $a back"
+  surge
+  for _ in $(seq 1 100); do
+    j=$(job_json "$id")
+    [ "$(jq -r .preemptions <<<"$j")" = 1 ] && [ "$(jq -r .state <<<"$j")" = queued ] && break
+    surge
+    sleep 0.3
+  done
+  [ "$(jq -r '"\(.preemptions) \(.state)"' <<<"$j")" = "1 queued" ] || fail "job $id was not preempted: $j" || return 1
+  newest=$(find "$NSC_STATE/$a/agent/jobs/$id/checkpoints/$epoch" -name 'step-*.ckpt' 2>/dev/null |
+    sed 's/.*step-0*\([0-9][0-9]*\)\.ckpt/\1/' | sort -n | tail -1)
+  [[ $newest =~ ^[0-9]+$ ]] || fail "no checkpoint of epoch $epoch in $a's work_dir" || return 1
+  [ ! -e "$NSC_STATE/shared/checkpoints/jobs/$id" ] || fail "job $id has checkpoints in the shared directory" || return 1
+  # By name, lending's first pick among the serving nodes is not A: only the checkpoint
+  # brings the job back there.
+  first=$(nodes_json | jq -r '[.nodes[] | select(.mode == "serve") | .name] | sort | first')
+  [ "$first" != "$a" ] || fail "$a is lending's first pick anyway: the scenario cannot tell" || return 1
+  say "preempted at step $newest (on $a's own disk only); $first and $a serve"
+  j=$(wait_running "$id" 60)
+  where=$(jq -r '.leases[0].node // empty' <<<"$j")
+  [ "$where" = "$a" ] || fail "job $id went to [$where], not back to $a: $j" || return 1
+  for _ in $(seq 1 20); do
+    c=$(container_of "${a#gpu}" "$id")
+    [ -n "$c" ] && log=$(nsc_docker "${a#gpu}" logs "$c" 2>&1) && [[ $log == *"resumed from step"* ]] && break
+    sleep 0.5
+  done
+  env=$(nsc_docker "${a#gpu}" inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$c" 2>/dev/null)
+  grep -qx NIGHTSHIFT_RESUMING=1 <<<"$env" || fail "attempt 2 of job $id on $a: no NIGHTSHIFT_RESUMING=1" || return 1
+  grep -m1 "resumed from step" <<<"${log:-}" | sed "s/^/  attempt 2 on $a: /"
+  state=$(wait_ended "$id" 60)
+  [ "$state" = succeeded ] || fail "job $id: $state ($(job_field "$id" .message))" || return 1
+  [ "$(job_field "$id" .outputs.resumed_from_step)" = "$newest" ] ||
+    fail "job $id resumed from step [$(job_field "$id" .outputs.resumed_from_step)], not $newest" || return 1
+  [ "$(job_field "$id" .outputs.resumed_from_epoch)" = "$epoch" ] ||
+    fail "job $id resumed from epoch [$(job_field "$id" .outputs.resumed_from_epoch)], not $epoch" || return 1
+  say "job $id went back to $a (not $first), resumed from step $newest with NIGHTSHIFT_RESUMING=1, and finished"
+}
+
+# The two services' coordinator: alpha may lend its only node (min_replicas 0), beta keeps one
+# of its two serving and counts one waiting request per replica as pressure.
+services_toml() {
+  cat <<EOF
+# The cluster rig's coordinator for the two-services scenario (tests/cluster/scenarios.sh).
+listen = "$NSC_GW:$NSC_COORDINATOR_PORT"
+data_dir = "$NSC_STATE/coordinator/data-services"
+heartbeat_interval_ms = 500
+lease_ttl_ms = 15000
+
+[[services]]
+name = "alpha"
+min_replicas = 0
+cooldown_s = 5.0
+gateway_signal_ttl_s = 5.0
+[services.scale_down]
+max_waiting = 0.0
+max_running_per_replica = 4.0
+window_s = 5.0
+[services.scale_up]
+waiting_per_replica = 2.0
+running_per_replica = 32.0
+
+[[services]]
+name = "beta"
+min_replicas = 1
+cooldown_s = 3.0
+gateway_signal_ttl_s = 5.0
+[services.scale_down]
+max_waiting = 0.0
+max_running_per_replica = 4.0
+window_s = 3.0
+[services.scale_up]
+waiting_per_replica = 1.0
+running_per_replica = 32.0
+
+[tls]
+ca_file = "$NSC_STATE/tls/ca.pem"
+cert_file = "$NSC_STATE/tls/coordinator.pem"
+key_file = "$NSC_STATE/tls/coordinator.key"
+EOF
+}
+
+s_services() {
+  local co=$NSC_STATE/coordinator i svc ja jb j na nb nodes beta_serving label waiting load=()
+  [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
+  # Each service's own replica image: the stand-in's layers under its own label.
+  for svc in alpha beta; do
+    registry_new_image nightshift/vllm-standin "${NSC_REPLICA_IMAGE#*:}" "$svc" "replica-$svc" ||
+      fail "making the $svc replica image" || return 1
+  done
+  # A node keeps the service it first registered with: a fresh coordinator (its own data
+  # directory and admin token) with the two services, and every agent restarted with its
+  # service's name, replica image and replica containers.
+  for i in $(seq 1 "$N"); do stop_agent "$i" || fail "stopping gpu$i's agent" || return 1; done
+  kill "$(cat "$co/pid")" 2>/dev/null
+  for _ in $(seq 1 50); do kill -0 "$(cat "$co/pid")" 2>/dev/null || break; sleep 0.1; done
+  for i in $(seq 1 "$N"); do
+    # shellcheck disable=SC2046 # one container ID a word
+    nsc_docker "$i" rm -f $(nsc_docker "$i" ps -aq) >/dev/null 2>&1
+    svc=beta
+    [ "$i" = 1 ] && svc=alpha
+    sed -i -e "s/^service = .*/service = \"$svc\"/" \
+      -e "s|^image = \"$NSC_REGISTRY/$NSC_REPLICA_IMAGE\"|image = \"$NSC_REGISTRY/nightshift/vllm-standin:$svc\"|" \
+      -e 's/STANDIN_MAX_NUM_SEQS=16/STANDIN_MAX_NUM_SEQS=2/' "$NSC_STATE/gpu$i/agent.toml"
+  done
+  services_toml >"$co/services.toml"
+  mkdir -p "$co/data-services"
+  "$NSC_BIN/nightshift-coordinator" validate --config "$co/services.toml" >/dev/null || fail "services.toml does not validate" || return 1
+  NIGHTSHIFT_TOKEN=$("$NSC_BIN/nightshift-coordinator" token create --role admin --name cluster-rig --data-dir "$co/data-services" 2>/dev/null)
+  sed -i "s/^export NIGHTSHIFT_TOKEN=.*/export NIGHTSHIFT_TOKEN=$NIGHTSHIFT_TOKEN/" "$NSC_STATE/env"
+  setsid "$NSC_BIN/nightshift-coordinator" serve --config "$co/services.toml" >>"$NSC_STATE/coordinator.log" 2>&1 </dev/null &
+  echo $! >"$co/pid"
+  for _ in $(seq 1 100); do
+    [ "$(curl -s --max-time 1 --cacert "$NIGHTSHIFT_CA" "$NIGHTSHIFT_URL/healthz")" = ok ] && break
+    sleep 0.1
+  done
+  for i in $(seq 1 "$N"); do nsc_agent_start "$i"; done
+  agents_ready 60 || fail "the agents of the two services are not all ready" || return 1
+  wait_serving "$N" 60 || fail "the nodes of the two services are not all serving" || return 1
+  for i in $(seq 1 "$N"); do
+    svc=beta
+    [ "$i" = 1 ] && svc=alpha
+    label=$(nsc_docker "$i" ps --format '{{.Label "nightshift.scenario"}}' | head -1)
+    [ "$label" = "replica-$svc" ] || fail "gpu$i's replica is [$label], not replica-$svc" || return 1
+    [ "$(nodes_json | jq -r --arg n "gpu$i" '.nodes[] | select(.name == $n) | .service')" = "$svc" ] ||
+      fail "gpu$i is not in service $svc" || return 1
+  done
+  say "a fresh coordinator: gpu1 serves alpha, gpu2 and gpu3 serve beta, each from its own replica image"
+  # Two whole-node jobs: lending takes alpha's only node and one of beta's two.
+  trainer_job "$NSC_STATE/scn-services.yaml" scn-services "$IMAGE" 4 TRAINER_TARGET_STEP=1000000 TRAINER_STEPS_PER_SEC=10
+  ja=$(submit "$NSC_STATE/scn-services.yaml")
+  jb=$(submit "$NSC_STATE/scn-services.yaml")
+  wait_running "$ja" 60 >/dev/null
+  wait_running "$jb" 60 >/dev/null
+  nodes=$(nodes_json)
+  na=$(jq -r '[.nodes[] | select(.service == "alpha" and .mode == "lend") | .name] | join(" ")' <<<"$nodes")
+  nb=$(jq -r '[.nodes[] | select(.service == "beta" and .mode == "lend") | .name] | join(" ")' <<<"$nodes")
+  [ "$na" = gpu1 ] && [[ $nb =~ ^gpu[23]$ ]] || fail "lent: alpha [$na], beta [$nb]" || return 1
+  # Which job runs where.
+  [ "$(job_field "$ja" '.leases[0].node')" = gpu1 ] || { j=$ja; ja=$jb; jb=$j; }
+  [ "$(job_field "$ja" '.leases[0].node')" = gpu1 ] && [ "$(job_field "$jb" '.leases[0].node')" = "$nb" ] ||
+    fail "jobs $ja and $jb are not on gpu1 and $nb" || return 1
+  say "lent: gpu1 of alpha (job $ja) and $nb of beta (job $jb)"
+  # A surge at alpha's gateway takes gpu1 back, and nothing of beta's.
+  for _ in $(seq 1 40); do
+    surge alpha
+    [ "$(node_mode gpu1)" = serve ] && break
+    sleep 0.3
+  done
+  [ "$(node_mode gpu1)" = serve ] || fail "alpha's surge did not take gpu1 back" || return 1
+  for _ in $(seq 1 40); do
+    [ "$(job_field "$ja" .preemptions)" = 1 ] && break
+    sleep 0.25
+  done
+  wait_serving 2 30 >/dev/null
+  [ "$(node_mode "$nb")" = lend ] || fail "alpha's surge took beta's $nb back too" || return 1
+  [ "$(job_field "$jb" '"\(.state) \(.preemptions)"')" = "running 0" ] ||
+    fail "beta's job $jb: $(job_field "$jb" '"\(.state) \(.preemptions)"')" || return 1
+  [ "$(job_field "$ja" .preemptions)" = 1 ] || fail "alpha's job $ja was not preempted" || return 1
+  say "alpha's surge took gpu1 back (job $ja preempted); beta's $nb stays lent, job $jb running"
+  # Load on beta's serving replica (2 sequences at a time, so most requests wait): beta takes
+  # $nb back on its own replica's signals.
+  beta_serving=$(nodes_json | jq -r '.nodes[] | select(.service == "beta" and .mode == "serve") | .name')
+  [[ $beta_serving =~ ^gpu[23]$ ]] || fail "beta's serving node: [$beta_serving]" || return 1
+  for _ in $(seq 1 12); do
+    curl -s --max-time 40 -o /dev/null -H 'content-type: application/json' \
+      -d '{"model": "standin-model", "prompt": "hi", "max_tokens": 500}' \
+      "http://$(nsc_addr "${beta_serving#gpu}"):8000/v1/completions" &
+    load+=($!)
+  done
+  for _ in $(seq 1 40); do
+    [ "$(node_mode "$nb")" = serve ] && break
+    sleep 0.25
+  done
+  [ "$(node_mode "$nb")" = serve ] || fail "load on beta's $beta_serving did not take $nb back" || return 1
+  for _ in $(seq 1 40); do
+    [ "$(job_field "$jb" .preemptions)" = 1 ] && break
+    sleep 0.25
+  done
+  [ "$(job_field "$jb" .preemptions)" = 1 ] || fail "beta's job $jb was not preempted" || return 1
+  say "load on beta's replica on $beta_serving took $nb back (job $jb preempted)"
+  # Beta's load is beta's alone: once its surge's signal has lapsed and its window passed,
+  # alpha lends gpu1 again for the queued jobs while beta's replica still has requests waiting.
+  for _ in $(seq 1 80); do
+    [ "$(node_mode gpu1)" = lend ] && break
+    sleep 0.25
+  done
+  waiting=$(nodes_json | jq -r --arg n "$beta_serving" '.nodes[] | select(.name == $n) | .replica.signals.requests_waiting')
+  [ "$(node_mode gpu1)" = lend ] || fail "alpha did not lend gpu1 again while beta was loaded" || return 1
+  [[ $waiting =~ ^[1-9] ]] || fail "beta's replica had [$waiting] requests waiting when alpha lent gpu1: the scenario cannot tell" || return 1
+  say "alpha lent gpu1 again while beta's replica on $beta_serving had $waiting requests waiting"
+  nightshift cancel "$ja" >/dev/null 2>&1
+  nightshift cancel "$jb" >/dev/null 2>&1
+  kill "${load[@]}" 2>/dev/null
+}
+
 s_clean() {
   local left t
   left=$(nsc_leftovers)
@@ -700,8 +1002,11 @@ scenario "rerun-digest: the tag moved, rerun runs the old digest" s_rerun
 scenario "gang: a 2-node gang rendezvouses across hosts" s_gang
 scenario "gang-reclaim: a gang reclaimed whole resumes on two hosts from its common checkpoint" s_gang_reclaim
 scenario "follow: preempted on A, resumes on another host from the shared checkpoint" s_follow
-# Last before down.sh: it restarts every agent with object storage.
+# The scenarios from here on restart the agents with other settings: object storage, local
+# storage, and last (it replaces the coordinator) two services.
 scenario "follow-object: preempted on A, resumes on another host from the bucket" s_follow_object
+scenario "local-back-to-A: local checkpoints bring a preempted job back to A" s_local
+scenario "two-services: each service lends and takes back its own nodes" s_services
 
 t=$(nsc_now)
 "$HERE/down.sh" 2>"$LOG-down.log" || { tail -5 "$LOG-down.log"; }
