@@ -349,11 +349,18 @@ ckpt_steps() {
   find "$1" -maxdepth 1 -name 'step-*.ckpt' 2>/dev/null | sed 's/.*step-0*\([0-9][0-9]*\)\.ckpt/\1/' | sort -n
 }
 
+# common_step ID EPOCH0 EPOCH1: the newest checkpoint step that rank 0's directory of EPOCH0 and
+# rank 1's of EPOCH1 both hold in the shared directory (nothing when there is none).
+common_step() {
+  local d=$NSC_STATE/shared/checkpoints/jobs/$1/checkpoints
+  comm -12 <(ckpt_steps "$d/rank-0/$2" | sort) <(ckpt_steps "$d/rank-1/$3" | sort) | sort -n | tail -1
+}
+
 # The job's lease of rank R, as "NODE EPOCH", from its view J.
 rank_lease() { jq -r --argjson r "$2" '.leases[]? | select(.rank == $r) | "\(.node) \(.epoch)"' <<<"$1"; }
 
 s_gang_reclaim() {
-  local id j r0 r1 e0 e1 h node left common rounds state c log i env
+  local id j r0 r1 e0 e1 h node left common rounds state c log i env pre step resumed=""
   [ -n "$IMAGE" ] || fail "no image (the pull scenario failed before pushing)" || return 1
   trainer_job "$NSC_STATE/scn-gang-reclaim.yaml" scn-gang-reclaim "$IMAGE" 4 TRAINER_RENDEZVOUS=1 \
     TRAINER_TARGET_STEP=600 TRAINER_STEPS_PER_SEC=50 TRAINER_CHECKPOINT_EVERY=20
@@ -369,7 +376,14 @@ s_gang_reclaim() {
   read -r r1 e1 <<<"$(rank_lease "$j" 1)"
   [[ $r0 =~ ^gpu[0-9]+$ && $r1 =~ ^gpu[0-9]+$ && $r0 != "$r1" ]] ||
     fail "job $id is not running on two hosts with a checkpoint: $j" || return 1
-  say "gang job $id runs on $r0 (rank 0, epoch $e0) and $r1 (rank 1, epoch $e1) and has checkpointed; a surge"
+  # Both ranks hold a checkpoint before the surge: the step the resumed gang must reach at least.
+  for _ in $(seq 1 60); do
+    pre=$(common_step "$id" "$e0" "$e1")
+    [[ $pre =~ ^[0-9]+$ ]] && break
+    sleep 0.25
+  done
+  [[ $pre =~ ^[0-9]+$ ]] || fail "job $id: no checkpoint that both ranks hold before the surge" || return 1
+  say "gang job $id runs on $r0 (rank 0, epoch $e0) and $r1 (rank 1, epoch $e1); both hold step $pre; a surge"
   surge
   for _ in $(seq 1 100); do
     j=$(job_json "$id")
@@ -393,11 +407,10 @@ s_gang_reclaim() {
   done
   [ -z "$left" ] || fail "the first attempt's containers are still on the engines of host $left" || return 1
   # The common checkpoint: the newest step both ranks' directories (per rank, per epoch, in the
-  # shared directory) hold.
-  common=$(comm -12 <(ckpt_steps "$NSC_STATE/shared/checkpoints/jobs/$id/checkpoints/rank-0/$e0" | sort) \
-    <(ckpt_steps "$NSC_STATE/shared/checkpoints/jobs/$id/checkpoints/rank-1/$e1" | sort) | sort -n | tail -1)
-  [[ $common =~ ^[0-9]+$ ]] || fail "no checkpoint that both ranks hold in the shared directory" || return 1
-  say "both members' containers are gone from $r0 and $r1; the common checkpoint is step $common"
+  # shared directory) hold. The agents remove those directories once the next attempt was seeded
+  # from them, which may already have happened: then the resumed ranks' logs name the step.
+  common=$(common_step "$id" "$e0" "$e1")
+  say "both members' containers are gone from $r0 and $r1; the common checkpoint is step ${common:-(already moved to attempt 2)}"
   # The gang is placed again, whole, on two hosts, and resumes from it.
   for _ in $(seq 1 180); do
     j=$(job_json "$id")
@@ -416,12 +429,16 @@ s_gang_reclaim() {
     done
     env=$(nsc_docker "$h" inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$c" 2>/dev/null)
     grep -qx NIGHTSHIFT_RESUMING=1 <<<"$env" || fail "rank $i on $node: not started with NIGHTSHIFT_RESUMING=1" || return 1
-    grep -q "resumed from step $common, the gang's common checkpoint" <<<"${log:-}" ||
-      fail "rank $i on $node did not resume from step $common: $(grep -m1 -E 'resumed|fresh' <<<"${log:-}")" || return 1
+    step=$(sed -n "s/.*resumed from step \([0-9][0-9]*\), the gang's common checkpoint.*/\1/p" <<<"${log:-}" | head -1)
+    [[ $step =~ ^[0-9]+$ ]] && [ "$step" -ge "$pre" ] && [ "${common:-$step}" = "$step" ] &&
+      [ "${resumed:-$step}" = "$step" ] ||
+      fail "rank $i on $node did not resume from the common step ${common:-(at least $pre)}${resumed:+, as the other rank did ($resumed)}: $(grep -m1 -E 'resumed|fresh' <<<"${log:-}")" || return 1
+    resumed=$step
     say "attempt 2, rank $i on $node: $(grep -m1 'resumed from step' <<<"$log")"
   done
   state=$(wait_ended "$id" 60)
   [ "$state" = succeeded ] || fail "job $id: $state ($(job_field "$id" .message))" || return 1
+  common=$resumed
   rounds=$((600 - common))
   [ "$(job_field "$id" '.outputs.final_step + " " + .outputs.resumed_from_step + " " + .outputs.nnodes + " " + .outputs.rounds')" = "600 $common 2 $rounds" ] ||
     fail "job $id's outputs: $(job_field "$id" -c .outputs)" || return 1
