@@ -285,7 +285,8 @@ for i in $(seq 1 "$N"); do
   mkdir -p "$dir/tls" "$dir/agent"
   "$NSC_BIN/nightshift-coordinator" tls issue --node "$h" --dir "$tls" --out "$dir/tls" >/dev/null
   cp "$tls/ca.pem" "$dir/tls/ca.pem"
-  # The agent has no setting for the Docker socket: it reads DOCKER_HOST (set below).
+  # The engine is named by DOCKER_HOST, which nsc_agent_start (lib.sh) sets; `[engine]
+  # docker_host` in agent.toml would name it as well.
   cat >"$dir/agent.toml" <<EOF
 # Host $h of the cluster rig (tests/cluster/up.sh). Its engine: DOCKER_HOST=unix://$(nsc_sock "$i").
 coordinator = "$url"
