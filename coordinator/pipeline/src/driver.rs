@@ -371,6 +371,12 @@ impl Pipelines {
         })
     }
 
+    /// Run `id`'s graph as the web UI draws it: `(before, after)` by node id
+    /// ([`crate::Run::edges`]).
+    pub fn edges(&self, id: u64) -> Option<Vec<(usize, usize)>> {
+        Some(self.runs.get(&id)?.run.edges())
+    }
+
     /// Every run as the API shows it, oldest first.
     pub fn list(&self, job_of: impl Fn(u64) -> Option<JobView>) -> Vec<PipelineRunView> {
         self.runs

@@ -17,6 +17,7 @@ use nightshift_common::UnixMillis;
 
 mod advance;
 mod create;
+mod graph;
 
 use crate::scope::Scope;
 use crate::workflow::*;

@@ -587,3 +587,49 @@ fn a_loop_past_the_run_limits_errors_instead_of_unfolding() {
     let run = start(5_000, 1_000);
     assert_eq!(each(&run).children.len(), 5_000);
 }
+
+/// The edges of a finished run, by node name.
+fn edges(sim: &Sim) -> Vec<(String, String)> {
+    let name = |id: NodeId| sim.run.nodes[id].name.clone();
+    let mut out: Vec<(String, String)> = sim
+        .run
+        .edges()
+        .into_iter()
+        .map(|(a, b)| (name(a), name(b)))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_diamond_is_drawn_as_a_diamond() {
+    let sim = Sim::new("dag-diamond.yaml", &[]).drive(|l| (1000, ok(&echo(l))));
+    let e = |a: &str, b: &str| (format!("dag-diamond{a}"), format!("dag-diamond{b}"));
+    assert_eq!(
+        edges(&sim),
+        [
+            e("", ".A"),
+            e(".A", ".B"),
+            e(".A", ".C"),
+            e(".B", ".D"),
+            e(".C", ".D")
+        ]
+    );
+}
+
+#[test]
+fn steps_are_drawn_group_after_group() {
+    let sim = Sim::new("steps.yaml", &[]).drive(|l| (1000, ok(&echo(l))));
+    let names: Vec<&str> = sim.run.nodes.iter().map(|n| n.name.as_str()).collect();
+    let root = names[0];
+    let hello1 = sim.node(&format!("{root}.hello1")).name.clone();
+    let e = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        edges(&sim),
+        [
+            e(root, &hello1),
+            e(&hello1, &format!("{root}.hello2a")),
+            e(&hello1, &format!("{root}.hello2b")),
+        ]
+    );
+}
