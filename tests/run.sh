@@ -73,6 +73,10 @@ forbid nightshift-coordinator nightshift-agent bollard
 # The OpenAPI schemas are the coordinator's (common's `openapi` feature); the validator is a test's.
 forbid nightshift-cli utoipa jsonschema
 forbid nightshift-agent utoipa jsonschema
+# The web UI is the coordinator's (coordinator/src/http/ui): its templates stay out of the CLI
+# and the agent.
+forbid nightshift-cli maud
+forbid nightshift-agent maud
 
 # part NAME COMMAND...: runs one part of the run and says how long it took.
 part() {

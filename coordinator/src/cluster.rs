@@ -97,6 +97,8 @@ pub struct Cluster {
     /// What a GPU-hour is worth, for reports.
     pub accounting: AccountingConfig,
     pub metrics: crate::metrics::Metrics,
+    /// The last day of each service, sampled by the ticker, for the web UI's overview.
+    pub timeline: crate::timeline::Timeline,
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Each agent's base URL, as it last said (register, heartbeats): an address book of the
     /// shell, not a decision, so the core does not hold it.
@@ -188,6 +190,7 @@ impl Cluster {
             config,
             accounting,
             metrics: crate::metrics::Metrics::default(),
+            timeline: crate::timeline::Timeline::default(),
             versions: Mutex::new(versions),
             agent_urls: Mutex::new(HashMap::new()),
             metrics_urls: Mutex::new(HashMap::new()),

@@ -15,3 +15,4 @@ pub use nightshift_policy as policy;
 pub mod ratelimit;
 pub mod server;
 pub mod store;
+pub mod timeline;

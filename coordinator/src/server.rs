@@ -100,6 +100,7 @@ pub(crate) async fn tick(cluster: Arc<Cluster>) {
         tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
         match cluster.apply(|core, now| {
             cluster.decide(core, now);
+            cluster.timeline.note(now, || core.nodes(now));
             Ok(())
         }) {
             Ok(()) => {}

@@ -40,7 +40,7 @@ pub struct AccessState {
 }
 
 /// The client's address, where the server recorded it (without one, all share a bucket).
-fn client_ip(req: &Request) -> IpAddr {
+pub(crate) fn client_ip(req: &Request) -> IpAddr {
     req.extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), |c| c.0.ip())
@@ -79,11 +79,35 @@ fn forbidden(p: &Principal, what: impl Into<String>, field: Option<&str>) -> Res
 }
 
 pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Response {
-    let token = bearer(req.headers());
-    if token.is_none() && s.tokens.is_empty() {
-        return next.run(req).await;
-    }
     let ip = client_ip(&req);
+    let principal = match authenticate(&s, ip, bearer(req.headers())) {
+        Ok(Some(principal)) => principal,
+        // The open API: no token yet, none given.
+        Ok(None) => return next.run(req).await,
+        Err(refusal) => return refusal,
+    };
+    if let Err(refusal) = permit(&s.cluster, &principal, req.method(), req.uri().path()) {
+        return refusal;
+    }
+    // The handlers see who is calling (admission: a researcher's team, an admin's waiver).
+    let mut req = req;
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+/// Who `token` stands for, as the API and the web UI ([`crate::ui`]) see a caller: `None`
+/// while the coordinator has no token and none is given (the open API); a refusal (401,
+/// or 429 past the rate limits) otherwise.
+// A refusal is the answer itself, built only on the rare refused call.
+#[allow(clippy::result_large_err)]
+pub(crate) fn authenticate(
+    s: &AccessState,
+    ip: IpAddr,
+    token: Option<&str>,
+) -> Result<Option<Principal>, Response> {
+    if token.is_none() && s.tokens.is_empty() {
+        return Ok(None);
+    }
     let wait = s.auth_failures.wait(&ip, Instant::now());
     if !wait.is_zero() {
         let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
@@ -97,24 +121,24 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
         refusal
             .headers_mut()
             .insert(header::RETRY_AFTER, retry_after.into());
-        return refusal;
+        return Err(refusal);
     }
     let principal = match token {
         Some(token) => match s.tokens.verify(token) {
             Some(p) => p,
-            None => return unauthorized(&s, ip, "unknown API token"),
+            None => return Err(unauthorized(s, ip, "unknown API token")),
         },
         None => {
-            return unauthorized(
-                &s,
+            return Err(unauthorized(
+                s,
                 ip,
                 "an API token is required: set NIGHTSHIFT_TOKEN \
                  (nightshift-coordinator token create --role ROLE)",
-            );
+            ));
         }
     };
     if !s.limiter.allow(principal.token_id, Instant::now()) {
-        return HttpError::new(
+        return Err(HttpError::new(
             StatusCode::TOO_MANY_REQUESTS,
             format!(
                 "token {} sends more than {} requests per second; slow down",
@@ -123,45 +147,26 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
             ),
             None,
         )
-        .into_response();
+        .into_response());
     }
-    // The handlers see who is calling (admission: a researcher's team, an admin's waiver).
-    let mut req = req;
-    req.extensions_mut().insert(principal.clone());
-    let method = req.method().clone();
+    Ok(Some(principal))
+}
+
+/// Whether `principal` may call `method path` of the API (a refusal, 403, if not); a call
+/// that changes something is written to the audit log. The web UI asks this for the API
+/// call each of its actions stands for, so that both follow one set of rules.
+// A refusal is the answer itself, built only on the rare refused call.
+#[allow(clippy::result_large_err)]
+pub(crate) fn permit(
+    cluster: &Cluster,
+    principal: &Principal,
+    method: &Method,
+    path: &str,
+) -> Result<(), Response> {
     if method == Method::GET || method == Method::HEAD {
-        return next.run(req).await;
+        return Ok(());
     }
-    let path = req.uri().path().to_owned();
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match (principal.role, segments.as_slice()) {
-        (Role::Admin | Role::Operator, _) | (Role::Researcher, ["v1", "jobs"]) => {}
-        (Role::Researcher, ["v1", "jobs", id, "cancel"]) => {
-            let owner = id
-                .parse::<u64>()
-                .ok()
-                .and_then(|id| s.cluster.read(|core, _| core.job(id)))
-                .map(|job| job.spec.owner);
-            match owner {
-                // An unknown job: the handler answers 404.
-                None => {}
-                Some(owner) if owner.is_some() && owner == principal.team => {}
-                Some(owner) => {
-                    return forbidden(
-                        &principal,
-                        format!(
-                            "may cancel only its team's jobs; job {id} belongs to {}",
-                            owner.as_deref().unwrap_or("no team")
-                        ),
-                        None,
-                    );
-                }
-            }
-        }
-        (Role::Researcher, _) => {
-            return forbidden(&principal, format!("may not {method} {path}"), None);
-        }
-    }
+    rule(cluster, principal, method, path).map_err(|why| forbidden(principal, why, None))?;
     tracing::info!(
         target: "nightshift::audit",
         token_id = principal.token_id,
@@ -172,5 +177,39 @@ pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Re
         %path,
         "api call"
     );
-    next.run(req).await
+    Ok(())
+}
+
+/// [`permit`]'s decision without the audit: whether `principal` may call `method path`
+/// (the UI shows a button only where this says yes), and, if not, why.
+pub(crate) fn rule(
+    cluster: &Cluster,
+    principal: &Principal,
+    method: &Method,
+    path: &str,
+) -> Result<(), String> {
+    if method == Method::GET || method == Method::HEAD {
+        return Ok(());
+    }
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (principal.role, segments.as_slice()) {
+        (Role::Admin | Role::Operator, _) | (Role::Researcher, ["v1", "jobs"]) => Ok(()),
+        (Role::Researcher, ["v1", "jobs", id, "cancel"]) => {
+            let owner = id
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| cluster.read(|core, _| core.job(id)))
+                .map(|job| job.spec.owner);
+            match owner {
+                // An unknown job: the handler answers 404.
+                None => Ok(()),
+                Some(owner) if owner.is_some() && owner == principal.team => Ok(()),
+                Some(owner) => Err(format!(
+                    "may cancel only its team's jobs; job {id} belongs to {}",
+                    owner.as_deref().unwrap_or("no team")
+                )),
+            }
+        }
+        (Role::Researcher, _) => Err(format!("may not {method} {path}")),
+    }
 }

@@ -34,10 +34,10 @@ const ANSWER: Duration = Duration::from_secs(30);
 #[into_params(parameter_in = Query)]
 pub struct LogsQuery {
     /// Only the last N lines.
-    tail: Option<usize>,
+    pub(crate) tail: Option<usize>,
     /// Keep streaming until the container exits.
     #[serde(default)]
-    follow: bool,
+    pub(crate) follow: bool,
 }
 
 /// A job's container output (stdout and stderr), from the agent of its node.

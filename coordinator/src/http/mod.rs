@@ -11,6 +11,7 @@ pub mod openapi;
 mod pipelines;
 mod report;
 mod services;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -62,13 +63,21 @@ pub fn access_for(
 
 fn build(cluster: Arc<Cluster>, access: Option<access::AccessState>) -> Router {
     let mut api = api_routes().router;
-    if let Some(access) = access {
+    if let Some(access) = access.clone() {
         api = api.route_layer(axum::middleware::from_fn_with_state(access, access::check));
     }
+    let ui = ui::routes()
+        .router
+        .route_layer(axum::middleware::from_fn_with_state(
+            access.clone(),
+            ui::gate,
+        ))
+        .layer(axum::Extension(access));
     Router::new()
         .merge(open_routes().router)
         .merge(api)
         .merge(agent_routes().router)
+        .merge(ui)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(body_limit))
         .with_state(cluster)
@@ -81,6 +90,12 @@ pub fn served_routes() -> Vec<(Method, &'static str)> {
         .into_iter()
         .flat_map(|r| r.served)
         .collect()
+}
+
+/// The web UI's routes ([`ui`]): HTML pages and their forms, assets and event streams, all
+/// under `/ui`; not the JSON API, so not in its OpenAPI document.
+pub fn ui_routes() -> Vec<(Method, &'static str)> {
+    ui::routes().served
 }
 
 /// Routes for a router, each recorded with its method and path as it is added, so that
@@ -262,6 +277,15 @@ impl HttpError {
 
     pub fn bad_request(error: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, error, None)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// What went wrong, as the body says it.
+    pub fn message(&self) -> &str {
+        &self.body.error
     }
 }
 

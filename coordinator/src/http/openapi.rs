@@ -228,6 +228,26 @@ mod tests {
         assert!(served.len() >= 20, "{served:?}");
     }
 
+    /// The web UI's routes are left out of the document by being in a table of their own:
+    /// that table may hold nothing but `/ui` pages, and the API's nothing under `/ui`, so
+    /// that no API route escapes the check above by being listed as the UI's.
+    #[test]
+    fn the_ui_routes_are_all_under_ui_and_no_api_route_is() {
+        let under_ui = |p: &str| p == "/ui" || p.starts_with("/ui/");
+        let ui = super::super::ui_routes();
+        let strays: Vec<_> = ui.iter().filter(|(_, p)| !under_ui(p)).collect();
+        assert!(strays.is_empty(), "UI routes outside /ui: {strays:?}");
+        let api = super::super::served_routes();
+        let hidden: Vec<_> = api.iter().filter(|(_, p)| under_ui(p)).collect();
+        assert!(hidden.is_empty(), "API routes under /ui: {hidden:?}");
+        assert!(ui.len() >= 10, "{ui:?}");
+        let documented = documented();
+        assert!(
+            documented.iter().all(|(_, p)| !under_ui(p)),
+            "{documented:?}"
+        );
+    }
+
     #[test]
     fn the_document_is_openapi_3_1_with_schemas_and_security() {
         let doc: serde_json::Value = serde_json::from_str(document()).unwrap();

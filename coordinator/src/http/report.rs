@@ -18,11 +18,11 @@ use crate::cluster::Cluster;
 #[into_params(parameter_in = Query)]
 pub struct ReportQuery {
     /// Unix milliseconds; 30 days before `until` when absent.
-    since: Option<u64>,
+    pub(crate) since: Option<u64>,
     /// Unix milliseconds; now when absent.
-    until: Option<u64>,
+    pub(crate) until: Option<u64>,
     /// `team`, `job`, `day` or `month`.
-    by: Option<String>,
+    pub(crate) by: Option<String>,
 }
 
 const MONTH_MS: u64 = 30 * 86_400_000;

@@ -1,0 +1,86 @@
+//! The report: GPU-hours harvested by team, by day and by month, each a chart with its
+//! table under it, from the API's report handler.
+
+use axum::Extension;
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Response};
+use maud::{Markup, html};
+use nightshift_common::Report;
+
+use super::{Shared, Viewer, page};
+use crate::cluster::now_ms;
+use crate::http::report::{ReportQuery, report};
+
+const DAY_MS: u64 = 86_400_000;
+
+async fn grouped(cluster: Shared, days: u64, by: &str) -> Result<Report, String> {
+    let now = now_ms();
+    let q = ReportQuery {
+        // Whole days: from the start of the first day shown.
+        since: Some(now - now % DAY_MS - (days - 1) * DAY_MS),
+        until: Some(now),
+        by: Some(by.to_owned()),
+    };
+    report(cluster, Query(q))
+        .await
+        .map(|r| r.0)
+        .map_err(|e| e.message().to_owned())
+}
+
+pub async fn page(State(cluster): Shared, Extension(viewer): Extension<Viewer>) -> Response {
+    let by_team = grouped(State(cluster.clone()), 30, "team").await;
+    let by_day = grouped(State(cluster.clone()), 30, "day").await;
+    let by_month = grouped(State(cluster), 365, "month").await;
+    let body = html! {
+        div #live-report data-live {
+            (section("By team, last 30 days", "by-team", &by_team))
+            (section("By day, last 30 days", "by-day", &by_day))
+            (section("By month, last 12 months", "by-month", &by_month))
+        }
+    };
+    page::frame("Report", "/ui/report", &viewer, body).into_response()
+}
+
+fn section(title: &str, id: &str, r: &Result<Report, String>) -> Markup {
+    html! {
+        div.panel #(id) {
+            h2 { (title) }
+            @match r {
+                Err(e) => p.error { (e) },
+                Ok(r) => {
+                    @let items: Vec<(String, f64)> = r.groups.iter()
+                        .map(|g| (g.key.clone(), (g.totals.harvested_gpu_hours * 100.0).round() / 100.0))
+                        .collect();
+                    @if items.is_empty() {
+                        p.muted { "nothing harvested in this period" }
+                    } @else {
+                        (super::chart::bars(&items, "GPU-hours"))
+                    }
+                    table.report {
+                        thead { tr {
+                            th { "" } th.n { "GPU-hours" } th.n { "equivalent GPUs" } th.n { "saved (" (r.currency) ")" }
+                            th.n { "preemptions" } th.n { "lost GPU-hours" } th.n { "leases" }
+                        } }
+                        tbody {
+                            @for g in &r.groups {
+                                tr { td { (g.key) } (figures(&g.totals)) }
+                            }
+                            tr.total { td { b { "total" } } (figures(&r.totals)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn figures(t: &nightshift_common::ReportTotals) -> Markup {
+    html! {
+        td.n { (format!("{:.2}", t.harvested_gpu_hours)) }
+        td.n { (format!("{:.2}", t.equivalent_gpus)) }
+        td.n { (format!("{:.2}", t.savings)) }
+        td.n { (t.preemptions) }
+        td.n { (format!("{:.2}", t.lost_gpu_hours)) }
+        td.n { (t.leases) }
+    }
+}
