@@ -11,12 +11,12 @@ use crate::timeline::Sample;
 
 /// A vertical bar per `(label, value)`, labelled under it, its value over it.
 pub fn bars(items: &[(String, f64)], unit: &str) -> Markup {
-    let (w, h, left, bottom, top) = (760.0, 220.0, 44.0, 42.0, 18.0);
+    let (w, h, left, bottom, top) = (1140.0, 240.0, 56.0, 30.0, 22.0);
     let max = items.iter().map(|i| i.1).fold(0.0_f64, f64::max);
     let max = if max > 0.0 { nice(max) } else { 1.0 };
     let n = items.len().max(1) as f64;
     let slot = (w - left - 8.0) / n;
-    let bar = (slot * 0.7).min(48.0);
+    let bar = (slot * 0.7).min(56.0);
     let y = |v: f64| top + (h - top - bottom) * (1.0 - v / max);
     // Long series label every few bars so that the labels do not collide.
     let every = (items.len() / 12).max(1);
@@ -57,7 +57,7 @@ fn nice(v: f64) -> f64 {
 /// The last 24 hours of one service: replicas serving and GPUs lent as steps (left
 /// axis), its load (requests running and waiting) as a shaded area (right axis).
 pub fn timeline(samples: &[Sample], now: UnixMillis) -> Markup {
-    let (w, h, left, right, bottom, top) = (760.0, 200.0, 36.0, 44.0, 26.0, 12.0);
+    let (w, h, left, right, bottom, top) = (1140.0, 220.0, 40.0, 48.0, 26.0, 12.0);
     let since = now.saturating_sub(crate::timeline::SPAN_MS);
     let x = |t: UnixMillis| {
         left + (w - left - right) * (t.saturating_sub(since)) as f64
@@ -87,8 +87,7 @@ pub fn timeline(samples: &[Sample], now: UnixMillis) -> Markup {
                 d.push_str(&format!(" H{px:.1} V{py:.1}"));
             }
         }
-        if let Some(last) = samples.last() {
-            let _ = last;
+        if !samples.is_empty() {
             d.push_str(&format!(" H{:.1}", x(now)));
         }
         d
@@ -126,6 +125,10 @@ pub fn timeline(samples: &[Sample], now: UnixMillis) -> Markup {
             @if !samples.is_empty() {
                 path.lend d=(steps(&|s| f64::from(s.lent_gpus))) {}
                 path.serve d=(steps(&|s| f64::from(s.serving))) {}
+                @if let Some(last) = samples.last() {
+                    circle.lend cx=(x(last.at)) cy=(yc(f64::from(last.lent_gpus))) r="3.5" {}
+                    circle.serve cx=(x(last.at)) cy=(yc(f64::from(last.serving))) r="3.5" {}
+                }
             } @else {
                 text x=(w / 2.0) y=(h / 2.0) text-anchor="middle" { "no samples yet: one is taken each minute" }
             }

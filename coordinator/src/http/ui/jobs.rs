@@ -108,7 +108,7 @@ fn render_list(
                                 td { (page::badge(j.state.as_str())) }
                                 td.n { (j.spec.gpus * j.spec.nodes.max(1)) }
                                 td.n { (j.attempt) }
-                                td { @for l in &j.leases { (l.node) " " } }
+                                td { @if let Some(a) = j.attempts.last() { @for m in &a.members { (m.node) " " } } }
                                 td.muted { (page::ago(now, j.submitted_at)) }
                             }
                         }
@@ -310,11 +310,13 @@ pub async fn events(State(cluster): Shared, Path(id): Path<u64>, headers: Header
         tail: None,
         follow: true,
     };
+    if cluster.read(|core, _| core.job(id)).is_none() {
+        return (StatusCode::NOT_FOUND, format!("job {id} not found")).into_response();
+    }
     let body = match logs(State(cluster.clone()), Path(id), Query(q)).await {
         Ok(response) => response.into_body(),
-        Err(e) if e.status() == StatusCode::NOT_FOUND => {
-            return (StatusCode::NOT_FOUND, e.message().to_owned()).into_response();
-        }
+        // Not run yet, its agent not reachable, its container not there yet (the agent's
+        // 404 while it starts): the browser asks again.
         Err(e) => {
             let wait = Event::default()
                 .event("wait")

@@ -116,7 +116,7 @@ pub(super) async fn gate(
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -174,6 +174,8 @@ fn to_login(req: &Request) -> Response {
 
 /// A form's `Origin`, where the browser sends one, must be this server: SameSite=Strict
 /// already keeps the cookie off requests from other sites; this refuses them outright.
+/// (Pages are sent with `Referrer-Policy: same-origin`: under `no-referrer` a browser
+/// sends its own forms with `Origin: null`.)
 fn same_origin(headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else {
         return true;

@@ -178,17 +178,13 @@ fn harvest_panel(when: &str, h: Option<&(ReportTotals, String)>) -> Markup {
         h3 { (when) }
         @match h {
             Some((t, currency)) => div.stat {
-                div { div.v { (page::num(round2(t.harvested_gpu_hours))) } div.k { "GPU-hours" } }
-                div { div.v { (page::num(round2(t.equivalent_gpus))) } div.k { "equivalent GPUs" } }
-                div { div.v { (page::num(round2(t.savings))) " " span.muted { (currency) } } div.k { "saved" } }
+                div { div.v { (page::num(t.harvested_gpu_hours)) } div.k { "GPU-hours" } }
+                div { div.v { (page::num(t.equivalent_gpus)) } div.k { "equivalent GPUs" } }
+                div { div.v { (format!("{:.2}", t.savings)) " " span.muted { (currency) } } div.k { "saved" } }
             },
             None => p.muted { "the report could not be read" },
         }
     }
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 #[cfg(test)]

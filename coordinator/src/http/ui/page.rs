@@ -142,15 +142,23 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
-/// A number kept short: `12`, `3.5`, `0.25`.
+/// A number kept short with its first significant digits: `12`, `3.5`, `0.25`, `0.0042`.
 pub fn num(v: f64) -> String {
-    if v == v.trunc() && v.abs() < 1e12 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+    if v == 0.0 || !v.is_finite() {
+        return "0".to_owned();
     }
+    if v == v.trunc() && v.abs() < 1e12 {
+        return format!("{v:.0}");
+    }
+    // Two significant digits below 10, one decimal above.
+    let decimals = if v.abs() >= 10.0 {
+        1
+    } else {
+        (1 - v.abs().log10().floor() as i64).clamp(1, 6) as usize
+    };
+    let s = format!("{v:.decimals$}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_owned()
 }
 
 /// A state as a coloured badge; the class is the state's own name.
@@ -176,5 +184,9 @@ mod tests {
         assert_eq!(bytes(80 << 30), "80.0 GiB");
         assert_eq!(num(3.0), "3");
         assert_eq!(num(0.254), "0.25");
+        assert_eq!(num(0.0042), "0.0042");
+        assert_eq!(num(0.0025), "0.0025");
+        assert_eq!(num(12.345), "12.3");
+        assert_eq!(num(2.5), "2.5");
     }
 }

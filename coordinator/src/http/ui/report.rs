@@ -49,7 +49,7 @@ fn section(title: &str, id: &str, r: &Result<Report, String>) -> Markup {
                 Err(e) => p.error { (e) },
                 Ok(r) => {
                     @let items: Vec<(String, f64)> = r.groups.iter()
-                        .map(|g| (g.key.clone(), (g.totals.harvested_gpu_hours * 100.0).round() / 100.0))
+                        .map(|g| (g.key.clone(), g.totals.harvested_gpu_hours))
                         .collect();
                     @if items.is_empty() {
                         p.muted { "nothing harvested in this period" }
@@ -76,11 +76,11 @@ fn section(title: &str, id: &str, r: &Result<Report, String>) -> Markup {
 
 fn figures(t: &nightshift_common::ReportTotals) -> Markup {
     html! {
-        td.n { (format!("{:.2}", t.harvested_gpu_hours)) }
-        td.n { (format!("{:.2}", t.equivalent_gpus)) }
+        td.n { (page::num(t.harvested_gpu_hours)) }
+        td.n { (page::num(t.equivalent_gpus)) }
         td.n { (format!("{:.2}", t.savings)) }
         td.n { (t.preemptions) }
-        td.n { (format!("{:.2}", t.lost_gpu_hours)) }
+        td.n { (page::num(t.lost_gpu_hours)) }
         td.n { (t.leases) }
     }
 }
