@@ -21,6 +21,8 @@ fi
 #   its own port, configuration and storage, so a system-wide prometheus.service, which the
 #   package starts where systemd runs, is neither used nor in the way. Recommends are left out:
 #   prometheus' is prometheus-node-exporter, another service, which no test needs.
+# - chromium, chromium-driver: tests/tests/ui.rs drives the web UI in headless Chromium over
+#   WebDriver (chromedriver as a throwaway process on its own port).
 missing=()
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
@@ -28,6 +30,7 @@ command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
 python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
+{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || missing+=(chromium chromium-driver)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "tests/run.sh: installing ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
