@@ -31,12 +31,14 @@ impl Driver {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
+        // Its log joins the run's, which tests/run.sh scans for the tokens typed into pages.
+        let (_, log) = secrets::log_file("chromedriver");
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .env("TMPDIR", dir.path())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
             .spawn()
             .unwrap_or_else(|e| {
                 panic!("chromedriver: {e} (tests/run.sh installs chromium and chromium-driver)")
@@ -167,6 +169,9 @@ async fn a_researcher_follows_a_job_and_a_pipeline_in_the_browser() {
     let (_, bob) = tokens
         .create("bob", Role::Researcher, Some("vision"), 1)
         .unwrap();
+    for token in [&admin, &alice, &bob] {
+        secrets::record(token);
+    }
     let cluster = server::open(&cfg).unwrap();
     let access = http::access_for(&cfg, cluster.clone()).unwrap();
     let app = http::app(cluster.clone(), access, cfg.policy.clone());
