@@ -163,7 +163,7 @@ impl Cluster {
         let core = Core::restore(config.clone(), snapshot, now_ms());
         let pipelines = Pipelines::restore(store.load_pipelines()?).map_err(|reason| {
             StoreError::Pipelines {
-                path: store.path().to_owned(),
+                db: store.location().to_owned(),
                 reason,
             }
         })?;

@@ -37,6 +37,21 @@ pub struct CoordinatorConfig {
     pub tls: Option<TlsConfig>,
     /// What a job may ask for.
     pub policy: crate::policy::PolicyConfig,
+    /// Where the state lives: `data_dir`'s SQLite file unless `url` says otherwise.
+    pub store: StoreConfig,
+}
+
+/// `[store]`: the database that holds the coordinator's state.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `sqlite:///path/to/nightshift.db`, or `postgres://user:password@host:port/database`
+    /// (libpq's URL; `?sslmode=disable` for plain TCP, else TLS). Unset: `data_dir`'s
+    /// `nightshift.db`.
+    pub url: Option<String>,
+    /// The CA (PEM) a PostgreSQL server's certificate must chain to; the system's roots
+    /// when unset.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// What a harvested GPU-hour is worth, for `nightshift report`.
@@ -85,6 +100,7 @@ impl Default for CoordinatorConfig {
             accounting: AccountingConfig::default(),
             tls: None,
             policy: crate::policy::PolicyConfig::default(),
+            store: StoreConfig::default(),
         }
     }
 }
@@ -270,6 +286,15 @@ impl CoordinatorConfig {
                 "accounting.price_per_gpu_hour".into(),
                 "must be a number >= 0",
             );
+        }
+        if let Some(url) = &self.store.url
+            && let Err(e) = crate::store::StoreUrl::parse(url)
+        {
+            let rule = match e {
+                crate::store::StoreError::Url { reason, .. } => reason,
+                e => e.to_string(),
+            };
+            return invalid("store.url".into(), &rule);
         }
         if let Err((key, rule)) = self.policy.validate() {
             return invalid(key, &rule);

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::cluster::{ApplyError, Cluster, now_ms};
 use crate::config::CoordinatorConfig;
-use crate::store::Store;
+use crate::store::{Store, StoreUrl};
 
 /// Longest the ticker sleeps, even when the core asks for nothing sooner.
 const MAX_TICK: Duration = Duration::from_millis(500);
@@ -21,10 +21,13 @@ const MAX_TICK: Duration = Duration::from_millis(500);
 /// How long requests under way may take to finish once shutdown has begun.
 pub const STOP_GRACE: Duration = Duration::from_secs(1);
 
-/// Opens the store in `config.data_dir` and rebuilds the cluster state from it.
+/// Opens the store (`[store] url`, else `data_dir`'s SQLite file) and rebuilds the cluster state from it.
 pub fn open(config: &CoordinatorConfig) -> anyhow::Result<Arc<Cluster>> {
-    let store = Store::open(&config.data_dir)?;
-    tracing::info!(db = %store.path().display(), "store opened");
+    let store = match &config.store.url {
+        None => Store::open(&config.data_dir)?,
+        Some(url) => Store::open_url(&StoreUrl::parse(url)?, config.store.ca_file.as_deref())?,
+    };
+    tracing::info!(db = %store.location(), "store opened");
     let cluster = Cluster::open(config.core(), config.accounting.clone(), store)?;
     cluster.set_job_policy(config.policy.clone());
     cluster.set_agent_tls(config.tls.clone());

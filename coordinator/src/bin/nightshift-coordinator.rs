@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use nightshift_coordinator::config::CoordinatorConfig;
 use nightshift_coordinator::server;
+use nightshift_coordinator::store::{PgStore, StoreUrl};
 
 #[derive(Parser)]
 #[command(
@@ -116,6 +117,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let cfg = CoordinatorConfig::load(config.as_deref())?;
             if let Some(tls) = &cfg.tls {
                 nightshift_coordinator::https::server_config(tls)?;
+            }
+            // A PostgreSQL store must be reachable, at a schema this coordinator knows.
+            if let Some(url) = &cfg.store.url
+                && let StoreUrl::Postgres(url) = StoreUrl::parse(url)?
+            {
+                let found = PgStore::check(&url, cfg.store.ca_file.as_deref())?;
+                let known = nightshift_coordinator::store::SCHEMA_VERSION;
+                let db = nightshift_coordinator::store::redact(&url);
+                if found < known {
+                    println!(
+                        "database {db} is reachable, at schema version {found}; serve brings it to {known}"
+                    );
+                } else {
+                    println!("database {db} is reachable, at schema version {found}");
+                }
             }
             println!("configuration is valid");
             Ok(())
