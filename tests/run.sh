@@ -23,6 +23,9 @@ fi
 #   prometheus' is prometheus-node-exporter, another service, which no test needs.
 # - chromium, chromium-driver: tests/tests/ui.rs drives the web UI in headless Chromium over
 #   WebDriver (chromedriver as a throwaway process on its own port).
+# - postgresql (with psql): the coordinator's PostgreSQL store is tested against a throwaway
+#   server (tests/postgres.sh, below), never the package's own service;
+# - openssl: tests/postgres.sh makes that server's TLS certificate with it.
 missing=()
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
@@ -31,6 +34,8 @@ command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
 python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || missing+=(chromium chromium-driver)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "tests/run.sh: installing ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
@@ -101,6 +106,19 @@ part "the build" cargo build --workspace --bins
 # the run, nightshift-logscan fails if any log line holds one (tests/src/secrets.rs).
 export NIGHTSHIFT_TEST_LOGS="$root/target/test-logs"
 rm -rf "$NIGHTSHIFT_TEST_LOGS"
+
+# A throwaway PostgreSQL (127.0.0.1 only, a free port, TLS from its own CA) for the store's
+# tests on the PostgreSQL backend: each test makes a database of its own there. They read
+# NIGHTSHIFT_TEST_POSTGRES and _CA; stopped and removed when this script exits, however.
+pg_dir="$(mktemp -u -d /tmp/nightshift-pg.XXXXXX)"
+trap 'bash "$root/tests/postgres.sh" stop "$pg_dir"' EXIT
+start_postgres() {
+    local vars
+    vars="$(bash tests/postgres.sh start "$pg_dir")"
+    export NIGHTSHIFT_TEST_POSTGRES NIGHTSHIFT_TEST_POSTGRES_CA
+    eval "$vars"
+}
+part "the PostgreSQL start" start_postgres
 part "the tests" cargo test --workspace "$@"
 cargo run -q -p nightshift-tests --bin nightshift-logscan -- "$NIGHTSHIFT_TEST_LOGS"
 

@@ -25,6 +25,7 @@ use nightshift_coordinator::config::{
 };
 
 pub mod marked;
+pub mod postgres;
 pub mod secrets;
 
 pub const VLLM_IMAGE: &str = "nightshift/vllm-standin:dev";
@@ -482,10 +483,16 @@ impl CoordinatorProcess {
     /// A coordinator on a free port with its state and `coordinator.toml` (from
     /// [`coordinator_config`]) under `dir`, answering `/healthz`; and a client for it.
     pub async fn start_in(dir: &Path) -> (Self, nightshift_cli::client::Client) {
+        Self::start_with(dir, "").await
+    }
+
+    /// [`CoordinatorProcess::start_in`] with `extra` appended to its `coordinator.toml`
+    /// (e.g. a `[store]` table).
+    pub async fn start_with(dir: &Path, extra: &str) -> (Self, nightshift_cli::client::Client) {
         let data = dir.join("state");
         let config = dir.join("coordinator.toml");
-        std::fs::write(&config, coordinator_toml(&coordinator_config(&data)))
-            .expect("write config");
+        let toml = coordinator_toml(&coordinator_config(&data)) + extra;
+        std::fs::write(&config, toml).expect("write config");
         let process = Self::spawn(free_port(), &data, &config);
         let client = nightshift_cli::client::Client::new(&process.url).expect("client");
         wait_healthy(&client).await;

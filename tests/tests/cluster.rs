@@ -87,14 +87,34 @@ async fn an_agent_restart_adopts_running_containers_without_duplicating_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_killed_with_sigkill_keeps_every_queued_and_running_job() {
+    let dir = tempfile::tempdir().unwrap();
+    sigkill_keeps_every_job(dir.path(), "sigkill", "").await;
+    assert!(dir.path().join("state/nightshift.db").is_file());
+}
+
+/// The same on the PostgreSQL store: the restarted coordinator finds everything in the
+/// database, and nothing in its data directory's SQLite file, which it never makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_on_postgres_killed_with_sigkill_keeps_every_job() {
+    let db = nightshift_tests::postgres::database("sigkill");
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("[store]\nurl = \"{}\"\n", db.url());
+    sigkill_keeps_every_job(dir.path(), "sigkill-pg", &store).await;
+    assert!(!dir.path().join("state/nightshift.db").exists());
+    assert_eq!(db.psql("SELECT count(*) FROM jobs"), "4");
+}
+
+/// A coordinator (with `extra` in its configuration) and an agent with a running job and
+/// two queued: after a SIGKILL and a restart on the same state, every job is as it was, the
+/// agent's container carries on under the same lease, and ids continue.
+async fn sigkill_keeps_every_job(dir: &std::path::Path, prefix: &str, extra: &str) {
     init_tracing();
     require_images();
-    let node = unique_node("sigkill");
+    let node = unique_node(prefix);
     let _cleanup = Cleanup(node.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let (coordinator, client) = CoordinatorProcess::start_in(dir.path()).await;
+    let (coordinator, client) = CoordinatorProcess::start_with(dir, extra).await;
     let url = coordinator.url.clone();
-    let (agent, _) = start_agent(agent_config(&url, &node, &dir.path().join("work"), 4), 4).await;
+    let (agent, _) = start_agent(agent_config(&url, &node, &dir.join("work"), 4), 4).await;
     wait_for("the replica to serve", STARTUP, || async {
         (replica_state(&client, &node).await == Some(ReplicaState::Serving)).then_some(())
     })
