@@ -509,6 +509,51 @@ impl Store {
     }
 }
 
+/// How many rows `migrate` copied, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copied {
+    pub jobs: usize,
+    pub nodes: usize,
+    pub usage: usize,
+    pub pipeline_runs: usize,
+    pub images: usize,
+}
+
+/// Copies the whole state of the SQLite file `from` (a stopped coordinator's) into the
+/// PostgreSQL database `to`, in one transaction. The database must hold no state yet: a
+/// copy never merges two installations' job ids.
+pub fn migrate(from: &Path, to: &str, ca_file: Option<&Path>) -> Result<Copied, StoreError> {
+    if !from.is_file() {
+        return Err(StoreError::Url {
+            url: format!("sqlite://{}", from.display()),
+            reason: "no such database file".to_owned(),
+        });
+    }
+    let source = SqliteStore::open(from)?;
+    let changes = source.export()?;
+    let mut target = PgStore::open(to, ca_file)?;
+    let there = target.load()?;
+    if !there.jobs.is_empty() || !there.nodes.is_empty() || there.next_job_id > 0 {
+        return Err(StoreError::Connect {
+            db: target.location().to_owned(),
+            reason: format!(
+                "already holds a coordinator's state ({} jobs, {} nodes); migrate copies into \
+                 an empty database only",
+                there.jobs.len(),
+                there.nodes.len()
+            ),
+        });
+    }
+    target.write_all(std::slice::from_ref(&changes))?;
+    Ok(Copied {
+        jobs: changes.jobs.len(),
+        nodes: changes.nodes.len(),
+        usage: changes.usage.len(),
+        pipeline_runs: changes.pipelines.runs.len(),
+        images: changes.images.len(),
+    })
+}
+
 /// Parses a JSON record of `what` (e.g. `job 7`), or says which one does not parse.
 fn parse_record<T: serde::de::DeserializeOwned>(
     db: &str,

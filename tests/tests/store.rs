@@ -374,3 +374,107 @@ fn validate_checks_that_the_postgres_store_is_reachable_and_its_schema_known() {
     assert!(err.contains("cannot connect"), "{err}");
     assert!(!err.contains("s3cret"), "{err}");
 }
+
+#[test]
+fn migrate_copies_a_stopped_sqlite_installation_into_an_empty_postgres_database() {
+    use nightshift_tests::workspace_bin;
+    let dir = tempfile::tempdir().unwrap();
+    let db = database("migrate");
+    let mut running = job(2);
+    running.state = JobState::Running;
+    let usage = Usage {
+        lease_id: 4,
+        job_id: 1,
+        team: "nlp".into(),
+        node: "n1".into(),
+        gpus: 2,
+        started_at: 1_000,
+        ended_at: 3_000,
+        preempted: true,
+        lost_gpu_ms: 500,
+    };
+    let node = NodeSnapshot {
+        name: "n1".into(),
+        service: "llm".into(),
+        address: "10.0.0.1".into(),
+        gpus: Vec::new(),
+        mode: NodeMode::Lend,
+        desired_version: 7,
+        mode_since: 9,
+        checkpoints: vec![(2, 5)],
+    };
+    let mut sqlite = Store::open(dir.path()).unwrap();
+    sqlite
+        .write(&Changes {
+            jobs: vec![job(1), running.clone()],
+            nodes: vec![node.clone()],
+            usage: vec![usage.clone()],
+            counters: Some((3, 5, 6)),
+            images: vec![ImageRecord {
+                job: 2,
+                attempt: 1,
+                node: "n1".into(),
+                image_id: "sha256:aa".into(),
+                image_digest: Some("reg/t@sha256:bb".into()),
+                at: 2_000,
+            }],
+            ..Default::default()
+        })
+        .unwrap();
+    let before = sqlite.load().unwrap();
+    drop(sqlite);
+
+    let migrate = || {
+        let out = std::process::Command::new(workspace_bin("nightshift-coordinator"))
+            .arg("migrate")
+            .arg("--from")
+            .arg(format!("sqlite:{}", dir.path().display()))
+            .arg("--to")
+            .arg(db.url())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // A coordinator still running on it holds its data directory's lock: refused.
+    let lock = nightshift_coordinator::store::DataDirLock::acquire(dir.path()).unwrap();
+    let (ok, _, err) = migrate();
+    assert!(
+        !ok && err.contains("in use by another coordinator"),
+        "{err}"
+    );
+    drop(lock);
+
+    let (ok, out, err) = migrate();
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("copied 2 jobs, 1 nodes, 1 ended leases, 0 pipeline runs and 1 image records"),
+        "{out}"
+    );
+    let pg = Store::open_url(&StoreUrl::parse(&db.url()).unwrap(), None).unwrap();
+    let after = pg.load().unwrap();
+    assert_eq!(after.jobs, before.jobs);
+    assert_eq!(after.nodes, vec![node]);
+    assert_eq!(
+        (after.next_job_id, after.next_lease_id, after.next_epoch),
+        (3, 5, 6)
+    );
+    assert_eq!(pg.usage(0, u64::MAX >> 1).unwrap(), vec![usage]);
+    assert_eq!(
+        pg.image_ids(&[2]).unwrap(),
+        BTreeMap::from([(2, "reg/t@sha256:bb".to_owned())])
+    );
+    drop(pg);
+
+    // A second copy would merge two installations' ids: refused, nothing changed.
+    let (ok, _, err) = migrate();
+    assert!(!ok);
+    assert!(
+        err.contains("already holds a coordinator's state (2 jobs, 1 nodes)"),
+        "{err}"
+    );
+    assert_eq!(db.psql("SELECT count(*) FROM jobs"), "2");
+}

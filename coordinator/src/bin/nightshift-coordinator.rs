@@ -36,6 +36,20 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Copy a stopped coordinator's state from its SQLite file into an empty PostgreSQL
+    /// database (then set `[store] url` to it).
+    Migrate {
+        /// The SQLite state: `sqlite:PATH` (or `sqlite://PATH`), the file or its data
+        /// directory.
+        #[arg(long)]
+        from: String,
+        /// The PostgreSQL database: `postgres://USER:PASSWORD@HOST:PORT/DATABASE`.
+        #[arg(long)]
+        to: String,
+        /// The CA (PEM) the database server's certificate must chain to.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+    },
     /// The cluster's certificates for mutual TLS between agents and the coordinator.
     #[command(subcommand)]
     Tls(TlsCommand),
@@ -137,6 +151,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Tls(command) => tls(command),
+        Command::Migrate { from, to, ca_file } => {
+            let path = from
+                .strip_prefix("sqlite://")
+                .or_else(|| from.strip_prefix("sqlite:"))
+                .ok_or_else(|| anyhow::anyhow!("--from {from:?}: must be sqlite:PATH"))?;
+            let mut path = PathBuf::from(path);
+            let dir = if path.is_dir() {
+                let dir = path.clone();
+                path = path.join(nightshift_coordinator::store::DB_FILE);
+                dir
+            } else {
+                path.parent().map(PathBuf::from).unwrap_or_default()
+            };
+            let StoreUrl::Postgres(to) = StoreUrl::parse(&to)? else {
+                anyhow::bail!("--to: must be a postgres:// URL");
+            };
+            // The installation must be stopped: its coordinator holds this lock while it runs.
+            let _lock = nightshift_coordinator::store::DataDirLock::acquire(&dir)?;
+            let copied = nightshift_coordinator::store::migrate(&path, &to, ca_file.as_deref())?;
+            println!(
+                "copied {} jobs, {} nodes, {} ended leases, {} pipeline runs and {} image \
+                 records from {} to {}; set [store] url to it",
+                copied.jobs,
+                copied.nodes,
+                copied.usage,
+                copied.pipeline_runs,
+                copied.images,
+                path.display(),
+                nightshift_coordinator::store::redact(&to)
+            );
+            Ok(())
+        }
         Command::Token(TokenCommand::Create {
             role,
             team,

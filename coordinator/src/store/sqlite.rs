@@ -283,6 +283,70 @@ impl SqliteStore {
         Ok(out)
     }
 
+    /// Every row of the store as one batch of changes: what `migrate` copies to another
+    /// store. Image records and pipeline inputs keep their keys exactly.
+    pub fn export(&self) -> Result<Changes, StoreError> {
+        let snapshot = self.load()?;
+        let mut changes = Changes {
+            jobs: snapshot.jobs,
+            nodes: snapshot.nodes,
+            profiles: snapshot.profiles,
+            counters: Some((
+                snapshot.next_job_id,
+                snapshot.next_lease_id,
+                snapshot.next_epoch,
+            )),
+            usage: self.usage(0, i64::MAX as u64)?,
+            ..Changes::default()
+        };
+        let pipelines = self.load_pipelines()?;
+        changes.pipelines.runs = pipelines.runs;
+        changes.pipelines.jobs = pipelines.jobs;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT run, seq, record FROM pipeline_inputs ORDER BY run, seq")
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, i64>(1)? as u64,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| self.sql(e))?;
+        for row in rows {
+            let (run, seq, record) = row.map_err(|e| self.sql(e))?;
+            let input = parse_record(
+                &self.location,
+                || format!("input {seq} of pipeline run {run}"),
+                &record,
+            )?;
+            changes.pipelines.inputs.push((run, seq, input));
+        }
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT job, attempt, node, image_id, recorded_at, image_digest FROM job_images
+                 ORDER BY job, attempt",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(super::ImageRecord {
+                    job: r.get::<_, i64>(0)? as u64,
+                    attempt: r.get::<_, i64>(1)? as u32,
+                    node: r.get(2)?,
+                    image_id: r.get(3)?,
+                    at: r.get::<_, i64>(4)? as u64,
+                    image_digest: r.get(5)?,
+                })
+            })
+            .map_err(|e| self.sql(e))?;
+        changes.images = rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))?;
+        Ok(changes)
+    }
+
     /// Writes several batches, in order, in a single transaction: one commit (and one
     /// fsync) for the changes of many calls (group commit).
     pub fn write_all(&mut self, batches: &[Changes]) -> Result<(), StoreError> {
