@@ -113,6 +113,10 @@ struct CoordinatorRun {
     /// tmpfs to take fsync out of the measurement.
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// The coordinator's `[store] url` (e.g. `postgres://...`); its SQLite file in the data
+    /// folder when unset.
+    #[arg(long)]
+    store_url: Option<String>,
     /// Also sample the coordinator's queue length through `/metrics` this often (ms; 0:
     /// not at all), to time how fast the coordinator itself places the queue. Each scrape
     /// is real work for the coordinator, so the latencies of such a run are not the
@@ -309,7 +313,10 @@ fn clock_ticks() -> f64 {
     if v > 0 { v as f64 } else { 100.0 }
 }
 
-async fn start_coordinator(data_dir: Option<std::path::PathBuf>) -> anyhow::Result<Coordinator> {
+async fn start_coordinator(
+    data_dir: Option<std::path::PathBuf>,
+    store_url: Option<&str>,
+) -> anyhow::Result<Coordinator> {
     let exe = std::env::current_exe()?;
     let bin = exe
         .parent()
@@ -326,11 +333,13 @@ async fn start_coordinator(data_dir: Option<std::path::PathBuf>) -> anyhow::Resu
         .port();
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("coordinator.toml");
-    std::fs::write(
-        &config,
-        "[[services]]\nname = \"llm\"\nmin_replicas = 1\ncooldown_s = 0.0\n\
-         [services.scale_down]\nwindow_s = 0.0\n",
-    )?;
+    let mut toml = "[[services]]\nname = \"llm\"\nmin_replicas = 1\ncooldown_s = 0.0\n\
+                    [services.scale_down]\nwindow_s = 0.0\n"
+        .to_owned();
+    if let Some(url) = store_url {
+        toml.push_str(&format!("[store]\nurl = {url:?}\n"));
+    }
+    std::fs::write(&config, toml)?;
     let child = Command::new(&bin)
         .args([
             "serve",
@@ -447,9 +456,10 @@ async fn coordinator(run: CoordinatorRun) -> anyhow::Result<CoordinatorReport> {
         interval,
         job_beats,
         data_dir,
+        store_url,
         queue_sample_ms,
     } = run;
-    let c = start_coordinator(data_dir).await?;
+    let c = start_coordinator(data_dir, store_url.as_deref()).await?;
     // One kept-alive HTTP/1.1 connection per agent, as a real agent holds.
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(agents as usize + 64)
