@@ -478,3 +478,41 @@ fn migrate_copies_a_stopped_sqlite_installation_into_an_empty_postgres_database(
     );
     assert_eq!(db.psql("SELECT count(*) FROM jobs"), "2");
 }
+
+#[test]
+fn a_lost_postgres_connection_is_replaced_by_the_next_call() {
+    let db = database("reconnect");
+    let mut store = Store::open_url(&StoreUrl::parse(&db.url()).unwrap(), None).unwrap();
+    let write = |store: &mut Store, id| {
+        store.write(&Changes {
+            jobs: vec![job(id)],
+            counters: Some((id + 1, 1, 1)),
+            ..Default::default()
+        })
+    };
+    write(&mut store, 1).unwrap();
+    // The server ends the store's session, as a restart or a failover would.
+    let ended = db.psql(&format!(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = '{}' AND pid <> pg_backend_pid()) t",
+        db.name
+    ));
+    assert_eq!(ended, "1");
+    // A call that finds the connection broken fails (the cluster then reloads its core from
+    // the store, which connects again), one that finds it closed connects at once; either
+    // way nothing is half-written and the call after works.
+    let mut failed = 0;
+    for attempt in 0..2 {
+        match write(&mut store, 2) {
+            Ok(()) => break,
+            Err(e) => {
+                failed += 1;
+                assert_eq!(attempt, 0, "only the first call after the loss fails: {e}");
+            }
+        }
+    }
+    assert!(failed <= 1);
+    let snapshot = store.load().unwrap();
+    assert_eq!(snapshot.jobs, vec![job(1), job(2)]);
+    assert_eq!(snapshot.next_job_id, 3);
+}
