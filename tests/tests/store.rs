@@ -404,6 +404,12 @@ fn migrate_copies_a_stopped_sqlite_installation_into_an_empty_postgres_database(
         checkpoints: vec![(2, 5)],
     };
     let mut sqlite = Store::open(dir.path()).unwrap();
+    let mut pipelines = Changes::default();
+    pipelines.pipelines.runs = vec![pipeline_run(1)];
+    // Sequence numbers as stored, gaps and all.
+    pipelines.pipelines.inputs = vec![(1, 0, finished(3, 0)), (1, 4, finished(4, 1))];
+    pipelines.pipelines.jobs = vec![(1, 0, 0, 1), (1, 1, 0, 2)];
+    sqlite.write(&pipelines).unwrap();
     sqlite
         .write(&Changes {
             jobs: vec![job(1), running.clone()],
@@ -451,7 +457,7 @@ fn migrate_copies_a_stopped_sqlite_installation_into_an_empty_postgres_database(
     let (ok, out, err) = migrate();
     assert!(ok, "{out}{err}");
     assert!(
-        out.contains("copied 2 jobs, 1 nodes, 1 ended leases, 0 pipeline runs and 1 image records"),
+        out.contains("copied 2 jobs, 1 nodes, 1 ended leases, 1 pipeline runs and 1 image records"),
         "{out}"
     );
     let pg = Store::open_url(&StoreUrl::parse(&db.url()).unwrap(), None).unwrap();
@@ -463,6 +469,16 @@ fn migrate_copies_a_stopped_sqlite_installation_into_an_empty_postgres_database(
         (3, 5, 6)
     );
     assert_eq!(pg.usage(0, u64::MAX >> 1).unwrap(), vec![usage]);
+    let p = pg.load_pipelines().unwrap();
+    assert_eq!(p.runs, vec![pipeline_run(1)]);
+    assert_eq!(
+        p.inputs,
+        BTreeMap::from([(1, vec![finished(3, 0), finished(4, 1)])])
+    );
+    assert_eq!(
+        db.psql("SELECT string_agg(seq::text, ',' ORDER BY seq) FROM pipeline_inputs"),
+        "0,4"
+    );
     assert_eq!(
         pg.image_ids(&[2]).unwrap(),
         BTreeMap::from([(2, "reg/t@sha256:bb".to_owned())])
@@ -515,4 +531,60 @@ fn a_lost_postgres_connection_is_replaced_by_the_next_call() {
     let snapshot = store.load().unwrap();
     assert_eq!(snapshot.jobs, vec![job(1), job(2)]);
     assert_eq!(snapshot.next_job_id, 3);
+}
+
+fn pipeline_run(id: u64) -> nightshift_common::pipeline::PipelineRunRecord {
+    nightshift_common::pipeline::PipelineRunRecord {
+        id,
+        file: "wf.yaml".into(),
+        text: format!("# run {id}"),
+        parameters: BTreeMap::from([("lr".to_owned(), "0.1".to_owned())]),
+        started_at: 100 + id,
+        pins: BTreeMap::new(),
+    }
+}
+
+fn finished(now: u64, node: usize) -> nightshift_common::pipeline::PipelineInputRecord {
+    nightshift_common::pipeline::PipelineInputRecord::Finished {
+        now,
+        node,
+        retry: 0,
+        outcome: "succeeded".into(),
+        exit_code: Some(0),
+        message: None,
+        outputs: BTreeMap::from([("loss".to_owned(), "0.5".to_owned())]),
+        stdout: None,
+    }
+}
+
+#[test]
+fn pipeline_runs_come_back_with_their_inputs_in_order_and_their_jobs() {
+    use nightshift_common::pipeline::PipelineInputRecord::Tick;
+    on_both("pipelines", |backend| {
+        let mut store = backend.open();
+        let mut first = Changes::default();
+        first.pipelines.runs = vec![pipeline_run(1), pipeline_run(2)];
+        first.pipelines.inputs = vec![(1, 0, Tick { now: 5 }), (2, 0, Tick { now: 6 })];
+        first.pipelines.jobs = vec![(1, 0, 0, 10), (2, 0, 0, 11)];
+        let mut second = Changes::default();
+        let mut edited = pipeline_run(1);
+        edited.started_at = 1;
+        second.pipelines.runs = vec![edited.clone()];
+        second.pipelines.inputs = vec![(1, 2, finished(9, 0)), (1, 1, Tick { now: 7 })];
+        second.pipelines.jobs = vec![(1, 1, 2, 12)];
+        store.write_all(&[first, second]).unwrap();
+        drop(store);
+        let p = backend.open().load_pipelines().unwrap();
+        assert_eq!(p.runs, vec![edited.clone(), pipeline_run(2)]);
+        assert_eq!(
+            p.inputs,
+            BTreeMap::from([
+                (1, vec![Tick { now: 5 }, Tick { now: 7 }, finished(9, 0)]),
+                (2, vec![Tick { now: 6 }]),
+            ])
+        );
+        let mut jobs = p.jobs.clone();
+        jobs.sort();
+        assert_eq!(jobs, vec![(1, 0, 0, 10), (1, 1, 2, 12), (2, 0, 0, 11)]);
+    });
 }
