@@ -88,3 +88,77 @@ nsc_leftovers() {
   find /etc/netns -maxdepth 1 -name 'nsc-*' 2>/dev/null | sed 's/^/netns-etc /'
   [ ! -e "$NSC_STATE" ] || echo "state $NSC_STATE"
 }
+
+# Starts host i's dockerd inside its namespace, with its own config file, socket, data root,
+# exec root and cgroup parent, all under $NSC_STATE/gpuI; its output appended to dockerd.log.
+# up.sh starts every engine with it; the fault harness restarts one (a stopped engine keeps
+# its daemon.json and data root, so its images are still there).
+#
+# `ip netns exec` remounts /sys, which leaves /sys/fs/cgroup empty ("Devices cgroup isn't
+# mounted"): the cgroup filesystems of the root namespace are mounted again inside, in the
+# engine's own mount namespace (they vanish with it).
+nsc_engine_start() {
+  local i=$1 dir h cgroup_mounts
+  dir=$NSC_STATE/gpu$i
+  h=$(nsc_host "$i")
+  mkdir -p "$dir"
+  cgroup_mounts=$(awk '$3 == "cgroup" || $3 == "cgroup2" { print $3, $4, $2 }' /proc/self/mounts)
+  # Its own config file: without --config-file dockerd also reads the machine's
+  # /etc/docker/daemon.json and refuses a setting given twice. The registry speaks plain HTTP
+  # on the rig's private network, hence insecure-registries.
+  cat >"$dir/daemon.json" <<JSON
+{
+  "storage-driver": "overlay2",
+  "cgroup-parent": "/$(nsc_cgroup "$i")",
+  "insecure-registries": ["$NSC_REGISTRY"],
+  "shutdown-timeout": 5
+}
+JSON
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  CG=$cgroup_mounts H=$h setsid ip netns exec "$(nsc_netns "$i")" unshare --uts sh -c '
+      hostname "$H"
+      mount -t tmpfs -o mode=755 nsc-cgroup /sys/fs/cgroup
+      echo "$CG" | while read -r type opts path; do
+        mkdir -p "$path" && mount -t "$type" -o "$opts" cgroup "$path" || exit 1
+      done || { echo "mounting the cgroup filesystems failed" >&2; exit 1; }
+      exec dockerd "$@"' sh \
+    --config-file "$dir/daemon.json" \
+    --host "unix://$(nsc_sock "$i")" \
+    --data-root "$dir/docker" \
+    --exec-root "$dir/exec" \
+    --pidfile "$dir/dockerd.pid" \
+    >>"$dir/dockerd.log" 2>&1 </dev/null &
+}
+
+# Waits up to 30 s for host i's engine to answer /_ping; says why not, and fails, if it does not.
+nsc_engine_wait() {
+  local i=$1
+  for _ in $(seq 1 300); do
+    [ "$(curl -s --max-time 1 --unix-socket "$(nsc_sock "$i")" http://engine/_ping 2>/dev/null)" = OK ] && return 0
+    sleep 0.1
+  done
+  nsc_log "gpu$i: dockerd did not answer within 30 s; the end of $NSC_STATE/gpu$i/dockerd.log:"
+  tail -5 "$NSC_STATE/gpu$i/dockerd.log" >&2
+  return 1
+}
+
+# Starts the coordinator on $NSC_STATE/coordinator/coordinator.toml (written by up.sh); its
+# pid in coordinator/pid, its output appended to coordinator.log.
+nsc_coordinator_start() {
+  local co=$NSC_STATE/coordinator
+  setsid "$NSC_BIN/nightshift-coordinator" serve --config "$co/coordinator.toml" \
+    >>"$NSC_STATE/coordinator.log" 2>&1 </dev/null &
+  echo $! >"$co/pid"
+}
+
+# Waits up to SECONDS for the coordinator's /healthz to answer "ok"; fails when it does not,
+# or when its process is gone.
+nsc_coordinator_wait() {
+  local co=$NSC_STATE/coordinator url=https://$NSC_GW:$NSC_COORDINATOR_PORT
+  for _ in $(seq 1 $(($1 * 10))); do
+    [ "$(curl -s --max-time 1 --cacert "$NSC_STATE/tls/ca.pem" "$url/healthz" 2>/dev/null)" = ok ] && return 0
+    kill -0 "$(cat "$co/pid")" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}

@@ -112,54 +112,9 @@ echo "$N" >"$NSC_STATE/hosts"
 nsc_log "network: switch, gateway $NSC_GW and $N hosts in $(nsc_since "$t")s"
 
 # ------------------------------------------------------------------ engines
-# `ip netns exec` remounts /sys, which leaves /sys/fs/cgroup empty ("Devices cgroup isn't
-# mounted"): the cgroup filesystems of the root namespace are mounted again inside, in the
-# engine's own mount namespace (they vanish with it).
-cgroup_mounts=$(awk '$3 == "cgroup" || $3 == "cgroup2" { print $3, $4, $2 }' /proc/self/mounts)
-start_engine() {
-  local i=$1 dir h
-  dir=$NSC_STATE/gpu$i
-  h=$(nsc_host "$i")
-  mkdir -p "$dir"
-  # Its own config file: without --config-file dockerd also reads the machine's
-  # /etc/docker/daemon.json and refuses a setting given twice. The registry speaks plain HTTP
-  # on the rig's private network, hence insecure-registries.
-  cat >"$dir/daemon.json" <<EOF
-{
-  "storage-driver": "overlay2",
-  "cgroup-parent": "/$(nsc_cgroup "$i")",
-  "insecure-registries": ["$NSC_REGISTRY"],
-  "shutdown-timeout": 5
-}
-EOF
-  # shellcheck disable=SC2016 # expanded by the inner sh
-  CG=$cgroup_mounts H=$h setsid ip netns exec "$(nsc_netns "$i")" unshare --uts sh -c '
-      hostname "$H"
-      mount -t tmpfs -o mode=755 nsc-cgroup /sys/fs/cgroup
-      echo "$CG" | while read -r type opts path; do
-        mkdir -p "$path" && mount -t "$type" -o "$opts" cgroup "$path" || exit 1
-      done || { echo "mounting the cgroup filesystems failed" >&2; exit 1; }
-      exec dockerd "$@"' sh \
-    --config-file "$dir/daemon.json" \
-    --host "unix://$(nsc_sock "$i")" \
-    --data-root "$dir/docker" \
-    --exec-root "$dir/exec" \
-    --pidfile "$dir/dockerd.pid" \
-    >"$dir/dockerd.log" 2>&1 </dev/null &
-}
-wait_engine() {
-  local i=$1
-  for _ in $(seq 1 300); do
-    [ "$(curl -s --max-time 1 --unix-socket "$(nsc_sock "$i")" http://engine/_ping 2>/dev/null)" = OK ] && return 0
-    sleep 0.1
-  done
-  nsc_log "gpu$i: dockerd did not answer within 30 s; the end of $NSC_STATE/gpu$i/dockerd.log:"
-  tail -5 "$NSC_STATE/gpu$i/dockerd.log" >&2
-  return 1
-}
 t=$(nsc_now)
-for i in $(seq 1 "$N"); do start_engine "$i"; done
-for i in $(seq 1 "$N"); do wait_engine "$i"; done
+for i in $(seq 1 "$N"); do nsc_engine_start "$i"; done
+for i in $(seq 1 "$N"); do nsc_engine_wait "$i"; done
 nsc_log "engines: $N dockerd up in $(nsc_since "$t")s"
 
 # ------------------------------------------------------------------ registry
@@ -231,6 +186,12 @@ t=$(nsc_now)
 co=$NSC_STATE/coordinator
 tls=$NSC_STATE/tls
 mkdir -p "$co/data" "$tls"
+# NSC_COORDINATOR_DATA_MB=M puts the coordinator's data directory on a tmpfs of M MiB, so that
+# the fault harness can fill it (a full disk); down.sh unmounts it with the rest.
+if [ -n "${NSC_COORDINATOR_DATA_MB:-}" ]; then
+  [[ $NSC_COORDINATOR_DATA_MB =~ ^[0-9]+$ ]] || nsc_die "NSC_COORDINATOR_DATA_MB must be a number of MiB, not [$NSC_COORDINATOR_DATA_MB]"
+  mount -t tmpfs -o "size=${NSC_COORDINATOR_DATA_MB}m,mode=0700" nsc-coordinator-data "$co/data"
+fi
 "$NSC_BIN/nightshift-coordinator" tls init --dir "$tls" --server-name "$NSC_GW" >/dev/null
 token=$("$NSC_BIN/nightshift-coordinator" token create --role admin --name cluster-rig --data-dir "$co/data" 2>/dev/null)
 (umask 077 && printf '%s\n' "$token" >"$co/admin-token")
@@ -261,16 +222,9 @@ cert_file = "$tls/coordinator.pem"
 key_file = "$tls/coordinator.key"
 EOF
 "$NSC_BIN/nightshift-coordinator" validate --config "$co/coordinator.toml" >/dev/null
-setsid "$NSC_BIN/nightshift-coordinator" serve --config "$co/coordinator.toml" \
-  >"$NSC_STATE/coordinator.log" 2>&1 </dev/null &
-echo $! >"$co/pid"
+nsc_coordinator_start
 url=https://$NSC_GW:$NSC_COORDINATOR_PORT
-for _ in $(seq 1 100); do
-  [ "$(curl -s --max-time 1 --cacert "$tls/ca.pem" "$url/healthz" 2>/dev/null)" = ok ] && break
-  kill -0 "$(cat "$co/pid")" 2>/dev/null || break
-  sleep 0.1
-done
-[ "$(curl -s --max-time 1 --cacert "$tls/ca.pem" "$url/healthz" 2>/dev/null)" = ok ] || {
+nsc_coordinator_wait 10 || {
   tail -5 "$NSC_STATE/coordinator.log" >&2
   nsc_die "the coordinator did not answer at $url/healthz"
 }

@@ -397,6 +397,18 @@ impl Client {
         self.call::<(), _>(Method::GET, &path, None).await
     }
 
+    /// `POST /v1/services/{service}/gateway`: a gateway's requests held for want of a ready
+    /// replica (what a load balancer in front of the service reports).
+    pub async fn gateway(&self, service: &str, waiting: u64) -> Result<(), ClientError> {
+        let signals = nightshift_common::GatewaySignals { waiting };
+        let path = format!("v1/services/{service}/gateway");
+        let (request, status, body) = self.send(Method::POST, &path, Some(&signals)).await?;
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(error_from_body(request, status, &body))
+    }
+
     /// `GET /healthz`: `Ok` when the coordinator answers 200.
     pub async fn healthz(&self) -> Result<(), ClientError> {
         let (request, status, body) = self.send::<()>(Method::GET, "healthz", None).await?;

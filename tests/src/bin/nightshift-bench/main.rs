@@ -26,6 +26,7 @@ use nightshift_common::{
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+mod faults;
 mod footprint;
 mod reclaim;
 
@@ -91,6 +92,8 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         repeat: usize,
     },
+    /// Faults injected into a busy cluster rig (needs root): see `faults/mod.rs`.
+    Faults(faults::FaultsRun),
 }
 
 /// What `nightshift-bench coordinator` runs.
@@ -194,6 +197,23 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
+        Bench::Faults(run) => {
+            let r = faults::faults(run).await?;
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", r.table());
+            }
+            if !r.ok() {
+                bail!(
+                    "{} of {} faults not survived, {} jobs lost",
+                    r.faults - r.survived,
+                    r.faults,
+                    r.jobs_lost
+                );
+            }
+            Ok(())
+        }
         Bench::AgentFootprint { seconds } => {
             let r = footprint::footprint(seconds).await?;
             if args.output == Output::Json {
