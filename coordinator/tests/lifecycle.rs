@@ -2,7 +2,8 @@
 //! signalled and started again on one data directory. One owner per data directory; a stop
 //! that does not wait for agents' long-polls; a token created beside a running coordinator
 //! closes its open API at once; a store that cannot be written is reported by `/healthz` and
-//! logged without flooding the log; an empty database file is refused.
+//! logged without flooding the log, and does not stop a lent node's jobs; an empty database
+//! file is refused.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -38,9 +39,14 @@ impl Coordinator {
     /// Starts `nightshift-coordinator serve` on `data` through `sh -c 'PREFIX exec BIN ...'`
     /// (for a resource limit), and waits until it answers.
     async fn start_with(data: &Path, prefix: &str) -> Self {
+        Self::start_configured(data, prefix, "[[services]]\nname = \"chat\"\n").await
+    }
+
+    /// [`Coordinator::start_with`] on the configuration `toml`.
+    async fn start_configured(data: &Path, prefix: &str, toml: &str) -> Self {
         let port = free_port();
         let config = data.with_extension("toml");
-        std::fs::write(&config, "[[services]]\nname = \"chat\"\n").unwrap();
+        std::fs::write(&config, toml).unwrap();
         let script = format!(
             "{prefix} exec '{}' serve --listen 127.0.0.1:{port} --data-dir '{}' --config '{}'",
             bin(),
@@ -390,4 +396,142 @@ async fn failed_authentications_are_rate_limited_per_client_address() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+}
+
+/// A node's report while the store cannot be written (a full disk): each heartbeat is still
+/// answered with the node's saved desired state and its lease, for longer than the lease TTL,
+/// so the agent's fail-safe does not stop a job merely because the coordinator cannot write;
+/// the job is still running, on its first attempt, once writes work again. Found by the fault
+/// harness (`nightshift-bench faults`, disk-full), where every lent host took its replica
+/// back 15 s into a full disk.
+#[tokio::test]
+async fn a_full_store_answers_heartbeats_and_keeps_leases_alive() {
+    use nightshift_common::{
+        DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, RegisterRequest, ReplicaState,
+        ReplicaStatus, ServingSignals,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = "heartbeat_interval_ms = 200\nlease_ttl_ms = 2000\n\n[[services]]\nname = \"chat\"\n\
+        min_replicas = 0\ncooldown_s = 0.0\n[services.scale_down]\nwindow_s = 0.5\n";
+    let c = Coordinator::start_configured(&data, "ulimit -f 256; trap '' XFSZ;", config).await;
+    let http = reqwest::Client::new();
+    let post = |path: String, body: serde_json::Value| {
+        let req = http.post(format!("{}{path}", c.url)).json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let register = RegisterRequest {
+        node: "n1".into(),
+        gpus: (0..4)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                name: "t".into(),
+                memory_total_bytes: 1,
+            })
+            .collect(),
+        service: "chat".into(),
+        address: None,
+        readiness_url: None,
+        agent_url: None,
+        metrics_url: None,
+        agent_version: "test".into(),
+    };
+    let (status, body) = post(
+        "/v1/agents/register".into(),
+        serde_json::to_value(register).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let beat = |replica: ReplicaState, applied: u64, jobs: Vec<JobRun>| Heartbeat {
+        gpus: vec![],
+        replica: ReplicaStatus {
+            state: replica,
+            signals: ServingSignals {
+                requests_running: Some(0.0),
+                requests_waiting: Some(0.0),
+                kv_cache_usage: Some(0.0),
+                ..ServingSignals::default()
+            },
+            url: None,
+        },
+        jobs,
+        applied_version: applied,
+        phases: vec![],
+        expired_leases: vec![],
+        host: None,
+        agent_url: None,
+        metrics_url: None,
+    };
+    let send = |b: Heartbeat| post("/v1/agents/n1/heartbeat".into(), serde_json::to_value(b).unwrap());
+    let (status, body) = submit(&c.url, "lent-job", None).await;
+    assert_eq!(status, 201, "{body}");
+    // The idle node is lent; once its replica is stopped the job is leased to it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut applied = 0;
+    let lease = loop {
+        let replica = if applied == 0 { ReplicaState::Serving } else { ReplicaState::Stopped };
+        let (status, body) = send(beat(replica, applied, vec![])).await;
+        assert_eq!(status, 200, "{body}");
+        let d: DesiredNode = serde_json::from_str(&body).unwrap();
+        if !d.serve {
+            applied = d.version;
+        }
+        if let Some(l) = d.leases.first() {
+            break l.clone();
+        }
+        assert!(Instant::now() < deadline, "no lease for the job: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let run = |at: u64| JobRun {
+        job_id: lease.job_id,
+        attempt: lease.attempt,
+        lease_id: lease.lease_id,
+        epoch: lease.epoch,
+        gpus: lease.gpus.clone(),
+        state: JobRunState::Running,
+        last_checkpoint_at: Some(at),
+        outputs: Default::default(),
+        image_id: None,
+        image_digest: None,
+        ready: false,
+    };
+    // Fill the store.
+    let mut full = false;
+    for i in 0..3000 {
+        let (status, _) = submit(&c.url, &format!("filler-{i}"), None).await;
+        if status == 500 {
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "the store never filled up");
+    // Three lease TTLs of heartbeats, each reporting a new checkpoint (a change to save).
+    let started = Instant::now();
+    let mut at = 1;
+    while started.elapsed() < Duration::from_secs(6) {
+        at += 1;
+        let (status, body) = send(beat(ReplicaState::Stopped, applied, vec![run(at)])).await;
+        assert_eq!(status, 200, "a heartbeat while the store is full: {body}");
+        let d: DesiredNode = serde_json::from_str(&body).unwrap();
+        assert!(
+            d.leases.iter().any(|l| l.lease_id == lease.lease_id),
+            "the lease is gone from the answer: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The store really failed all along, and the job is still on its first attempt.
+    let health = reqwest::get(format!("{}/healthz", c.url)).await.unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    let job: serde_json::Value = reqwest::get(format!("{}/v1/jobs/{}", c.url, lease.job_id))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(job["attempt"], 1, "{job}");
+    assert_eq!(job["preemptions"], 0, "{job}");
 }

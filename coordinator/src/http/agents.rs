@@ -97,7 +97,7 @@ pub async fn heartbeat(
         cluster.note_metrics_url(&node, url);
     }
     cluster.record_images(&node, &beat);
-    let (desired, phases) = cluster
+    let applied = cluster
         .apply_async(|core, now| {
             core.observe(now, &node, beat)?;
             cluster.decide_if_due(core, now);
@@ -110,7 +110,25 @@ pub async fn heartbeat(
                 .unwrap_or_default();
             Ok((desired, phases))
         })
-        .await?;
+        .await;
+    let (desired, phases) = match applied {
+        Ok(v) => v,
+        // The report could not be saved (a full disk): the core is back to what the store
+        // holds, with every lease renewed for a full TTL (`Core::restore`), as after a
+        // restart. The node is answered with its desired state as saved, which is all it
+        // was ever told: its leases stay alive, so its agent's fail-safe does not stop jobs
+        // merely because the coordinator cannot write. Its next heartbeat repeats the report.
+        // Deciding anything new (a lend, a reclaim, a placement) waits until writes work.
+        Err(ApplyError::Store(e)) => {
+            let saved = cluster.read(|core, _| core.desired(&node));
+            let Some(desired) = saved else {
+                return Err(ApplyError::Store(e).into());
+            };
+            tracing::debug!(%node, error = %e, "heartbeat not saved; answered with the saved desired state");
+            return Ok(Json(desired));
+        }
+        Err(e) => return Err(e.into()),
+    };
     cluster.metrics.observe_phases(&node, &phases);
     Ok(Json(desired))
 }
