@@ -466,14 +466,23 @@ async fn a_full_store_answers_heartbeats_and_keeps_leases_alive() {
         agent_url: None,
         metrics_url: None,
     };
-    let send = |b: Heartbeat| post("/v1/agents/n1/heartbeat".into(), serde_json::to_value(b).unwrap());
+    let send = |b: Heartbeat| {
+        post(
+            "/v1/agents/n1/heartbeat".into(),
+            serde_json::to_value(b).unwrap(),
+        )
+    };
     let (status, body) = submit(&c.url, "lent-job", None).await;
     assert_eq!(status, 201, "{body}");
     // The idle node is lent; once its replica is stopped the job is leased to it.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut applied = 0;
     let lease = loop {
-        let replica = if applied == 0 { ReplicaState::Serving } else { ReplicaState::Stopped };
+        let replica = if applied == 0 {
+            ReplicaState::Serving
+        } else {
+            ReplicaState::Stopped
+        };
         let (status, body) = send(beat(replica, applied, vec![])).await;
         assert_eq!(status, 200, "{body}");
         let d: DesiredNode = serde_json::from_str(&body).unwrap();

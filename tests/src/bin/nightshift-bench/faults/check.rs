@@ -128,7 +128,11 @@ pub fn always(s: &Snapshot, ledger: &mut Ledger) -> Vec<String> {
         // No GPU of a node in two live leases.
         let mut leased: BTreeMap<(&str, u32), u64> = BTreeMap::new();
         for j in jobs {
-            for l in j.leases.iter().filter(|l| !l.revoked && l.expires_at > s.now_ms) {
+            for l in j
+                .leases
+                .iter()
+                .filter(|l| !l.revoked && l.expires_at > s.now_ms)
+            {
                 for g in &l.gpus {
                     if let Some(other) = leased.insert((&l.node, *g), l.lease_id) {
                         v.push(format!(
@@ -219,7 +223,9 @@ pub fn unsettled(s: &Snapshot, ready: &[bool]) -> Option<String> {
         let replica = list.iter().any(|c| c.replica && c.running);
         match n.mode {
             NodeMode::Serve if !ready[i] => return Some(format!("gpu{host} does not serve yet")),
-            NodeMode::Lend if replica => return Some(format!("gpu{host} is lent yet runs its replica")),
+            NodeMode::Lend if replica => {
+                return Some(format!("gpu{host} is lent yet runs its replica"));
+            }
             _ => {}
         }
     }

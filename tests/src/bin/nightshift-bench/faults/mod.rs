@@ -248,10 +248,10 @@ pub async fn faults(args: FaultsRun) -> anyhow::Result<FaultsReport> {
     let repo = repo();
     let rig = Arc::new(Rig::up(&repo, args.hosts, 64)?);
     let result = run(&args, rig.clone()).await;
-    if !args.keep {
-        if let Err(e) = Rig::down(&repo) {
-            eprintln!("faults: {e:#}");
-        }
+    if !args.keep
+        && let Err(e) = Rig::down(&repo)
+    {
+        eprintln!("faults: {e:#}");
     }
     result
 }
@@ -391,7 +391,9 @@ async fn run(args: &FaultsRun, rig: Arc<Rig>) -> anyhow::Result<FaultsReport> {
         for id in ledger.jobs.keys() {
             match jobs.iter().find(|j| j.id == *id) {
                 Some(j) => {
-                    *jobs_by_state.entry(j.state.as_str().to_owned()).or_insert(0) += 1;
+                    *jobs_by_state
+                        .entry(j.state.as_str().to_owned())
+                        .or_insert(0) += 1;
                     if j.state == JobState::Failed && j.spec.name.starts_with("fx-train-") {
                         lost_work.push(format!(
                             "job {} ({}) failed: {}",
@@ -547,7 +549,10 @@ async fn settle(rig: &Rig, limit: Duration) -> Result<Duration, String> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    Err(format!("not settled after {:.0} s: {why}", limit.as_secs_f64()))
+    Err(format!(
+        "not settled after {:.0} s: {why}",
+        limit.as_secs_f64()
+    ))
 }
 
 /// Settles, recording the time in `inj` or the failure among its violations.
@@ -737,9 +742,7 @@ async fn short_partition(r: &mut Run) -> anyhow::Result<Injection> {
     let now: Vec<&rig::Seen> = s.engines[host - 1].iter().flatten().collect();
     for name in &before {
         let c = now.iter().find(|c| &c.name == name);
-        let ended_well = c
-            .and_then(|c| c.job)
-            .is_some_and(|j| finished.contains(&j));
+        let ended_well = c.and_then(|c| c.job).is_some_and(|j| finished.contains(&j));
         if !c.is_some_and(|c| c.running) && !ended_well {
             inj.violations
                 .push(format!("gpu{host}: {name} stopped during a 5 s cut"));
@@ -817,7 +820,10 @@ async fn agent_kill(r: &mut Run, moment: Moment) -> anyhow::Result<Injection> {
     .await;
     let (host, when) = match host {
         Some(h) => (h, format!("{moment:?}").to_lowercase()),
-        None => (1 + r.rng.below(r.rig.hosts as u64) as usize, "late".to_owned()),
+        None => (
+            1 + r.rng.below(r.rig.hosts as u64) as usize,
+            "late".to_owned(),
+        ),
     };
     let mut inj = injection(Kind::AgentKill, format!("gpu{host} mid-{when}"));
     let pid = r
@@ -899,7 +905,8 @@ async fn coordinator_restart(r: &mut Run, sig: &str) -> anyhow::Result<Injection
                 .flatten()
                 .find(|j| j.id == job)
                 .is_none_or(|j| {
-                    j.state != JobState::Running || !j.leases.iter().any(|l| Some(l.lease_id) == c.lease)
+                    j.state != JobState::Running
+                        || !j.leases.iter().any(|l| Some(l.lease_id) == c.lease)
                 });
             if !still && !moved_on {
                 inj.violations.push(format!(
@@ -1091,8 +1098,9 @@ retry: {{limit: 2, backoffSeconds: 2, backoffFactor: 2}}
     })
     .await;
     let Some(j) = end else {
-        inj.violations
-            .push(format!("job {job} had not ended 120 s after it was submitted"));
+        inj.violations.push(format!(
+            "job {job} had not ended 120 s after it was submitted"
+        ));
         return Ok(inj);
     };
     if j.state != JobState::Failed || j.failures != 3 {

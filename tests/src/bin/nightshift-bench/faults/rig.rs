@@ -129,7 +129,11 @@ impl Rig {
     /// Cuts host `i` off the rig's network (its leg on the switch goes down), or restores it.
     pub async fn link(&self, i: usize, up: bool) -> anyhow::Result<()> {
         let state = if up { "up" } else { "down" };
-        run("ip", &["-n", SWITCH, "link", "set", &format!("to-gpu{i}"), state]).await
+        run(
+            "ip",
+            &["-n", SWITCH, "link", "set", &format!("to-gpu{i}"), state],
+        )
+        .await
     }
 
     /// Host `i`'s agent's pid, when it runs.
@@ -229,7 +233,15 @@ impl Rig {
         let url = format!("http://198.18.0.{}:7401/ready", 10 + i);
         let out = tokio::process::Command::new("ip")
             .args(["netns", "exec", &format!("nsc-gpu{i}"), "curl", "-s"])
-            .args(["-o", "/dev/null", "-w", "%{http_code}", "--max-time", "1", &url])
+            .args([
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "1",
+                &url,
+            ])
             .stdin(Stdio::null())
             .output()
             .await;
