@@ -206,10 +206,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             if !r.ok() {
                 bail!(
-                    "{} of {} faults not survived, {} jobs lost",
+                    "{} of {} faults not survived, {} jobs lost, {} jobs or runs failed by a fault",
                     r.faults - r.survived,
                     r.faults,
-                    r.jobs_lost
+                    r.jobs_lost,
+                    r.lost_work.len()
                 );
             }
             Ok(())
