@@ -60,6 +60,11 @@ impl Engine for FakeEngine {
 
     async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<Container>, EngineError> {
         let mut w = lock(&self.world);
+        if w.engine_down {
+            return Err(EngineError::Other(
+                "Cannot connect to the Docker daemon (the fake engine is stopped)".to_owned(),
+            ));
+        }
         w.settle();
         Ok(w.containers
             .values()

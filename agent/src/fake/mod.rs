@@ -198,6 +198,8 @@ struct World {
     engine_calls: Vec<EngineCall>,
     starts: Vec<Start>,
     vllm_calls: Vec<VllmCall>,
+    /// The engine is stopped: every call fails, as a stopped dockerd's socket does.
+    engine_down: bool,
 }
 
 /// An image in the fake registry.
@@ -300,6 +302,7 @@ impl FakeNode {
             engine_calls: Vec::new(),
             starts: Vec::new(),
             vllm_calls: Vec::new(),
+            engine_down: false,
         }));
         Self {
             engine: Arc::new(FakeEngine::new(world.clone())),
@@ -361,6 +364,25 @@ impl FakeNode {
     }
 
     /// The driver shows a GPU's memory free this long after its container ended.
+    /// Stops the engine as `systemctl stop docker` does: every running container is
+    /// stopped (SIGTERM: exit code 143), and every call fails until [`FakeNode::start_engine`].
+    pub fn stop_engine(&self) {
+        let mut w = self.world();
+        let now = Instant::now();
+        for c in w.containers.values_mut() {
+            if c.running() {
+                c.container.state = ContainerState::Exited { exit_code: 143 };
+                c.ended_at = Some(now);
+            }
+        }
+        w.engine_down = true;
+    }
+
+    /// Starts the engine again: it answers, with its containers as they were left.
+    pub fn start_engine(&self) {
+        self.world().engine_down = false;
+    }
+
     pub fn set_memory_frees_after(&self, after: Duration) {
         self.world().frees_after = after;
     }

@@ -1027,3 +1027,56 @@ async fn the_replicas_image_is_pulled_when_the_host_lacks_it() {
     assert!(pulled.is_some() && pulled < ran, "{calls:?}");
     assert_eq!(rig.replicas().len(), 1);
 }
+
+/// The engine stopped under a running job (`systemctl restart docker`) stops its container with
+/// SIGTERM: exit code 143, which is not the job's verdict. Once the engine answers again the
+/// job is reported as stopped by the host, so the coordinator requeues it rather than counting
+/// a failure against its retries. A job that exits by itself with the same code while the
+/// engine answers is still the job's own exit. Found by the fault harness (engine-restart).
+#[tokio::test(start_paused = true)]
+async fn a_job_stopped_with_the_engine_is_reported_stopped_by_the_host() {
+    let mut rig = rig(|_| {});
+    rig.serving().await;
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1])])).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1])])).await;
+    assert_eq!(rig.run_state(1), Some(JobRunState::Running));
+
+    rig.node.stop_engine();
+    rig.shared
+        .offer_desired(lend(2, vec![lease(1, 1, 1, vec![0, 1])]));
+    assert!(
+        rig.r.pass().await.is_err(),
+        "a pass with the engine stopped"
+    );
+    rig.node.start_engine();
+    rig.tell(lend(2, vec![lease(1, 1, 1, vec![0, 1])])).await;
+    assert_eq!(
+        rig.run_state(1),
+        Some(JobRunState::Exited {
+            exit_code: 143,
+            stopped_by_agent: true
+        })
+    );
+
+    // A job of its own exiting 143 with the engine up is the job's exit.
+    rig.node.behave(
+        "exits-143",
+        Behaviour {
+            exits_after: Some((Duration::from_secs(3), 143)),
+            ..Behaviour::default()
+        },
+    );
+    let mut own = lease(2, 2, 2, vec![2]);
+    own.job.image = "exits-143".into();
+    rig.tell(lend(3, vec![own.clone()])).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    rig.tell(lend(3, vec![own])).await;
+    assert_eq!(
+        rig.run_state(2),
+        Some(JobRunState::Exited {
+            exit_code: 143,
+            stopped_by_agent: false
+        })
+    );
+}
