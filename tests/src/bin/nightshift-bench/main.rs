@@ -60,6 +60,37 @@ impl ProcStat {
     }
 }
 
+/// Milliseconds since the Unix epoch, as the API's timestamps count.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Polls `check` every `every` until it gives a value; fails naming `what` once `timeout`
+/// has passed.
+pub async fn until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() > end {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "nightshift-bench",

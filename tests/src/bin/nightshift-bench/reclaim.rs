@@ -6,7 +6,7 @@
 //! `stop_jobs` phase), signal → GPUs free (`stop_jobs` + `confirm_free`) and free → serving
 //! ready (`start_replica` + `wait_health`).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use nightshift_common::{JobState, PhaseRecord, SequenceKind};
@@ -32,11 +32,8 @@ pub struct ReclaimReport {
     pub samples_ms: Vec<[u64; 3]>,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+/// How often the benchmark looks again: its figures are this fine.
+const POLL: Duration = Duration::from_millis(20);
 
 pub fn percentiles(mut v: Vec<u64>) -> Percentiles {
     v.sort_unstable();
@@ -51,23 +48,6 @@ pub fn percentiles(mut v: Vec<u64>) -> Percentiles {
         p50_ms: at(0.5),
         p99_ms: at(0.99),
         max_ms: v.last().map_or(0.0, |&x| x as f64),
-    }
-}
-
-async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if std::time::Instant::now() > end {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -90,10 +70,15 @@ pub async fn reclaim(repeat: usize) -> anyhow::Result<ReclaimReport> {
     let mut samples = Vec::new();
     let mut seen_seq = 0;
     for round in 0..repeat {
-        until("the trainer to run", Duration::from_secs(120), || async {
-            let j = client.job(job.id).await.ok()?;
-            (j.state == JobState::Running).then_some(())
-        })
+        crate::until(
+            "the trainer to run",
+            Duration::from_secs(120),
+            POLL,
+            || async {
+                let j = client.job(job.id).await.ok()?;
+                (j.state == JobState::Running).then_some(())
+            },
+        )
         .await
         .with_context(|| format!("round {round}"))?;
         // Let the trainer get past its start before taking the node back, and skip every
@@ -108,7 +93,7 @@ pub async fn reclaim(repeat: usize) -> anyhow::Result<ReclaimReport> {
                 .max()
                 .unwrap_or(seen_seq);
         }
-        let decided = now_ms();
+        let decided = crate::now_ms();
         let r = http
             .post(format!("{}/v1/services/default/gateway", coordinator.url))
             .json(&serde_json::json!({"waiting": 1}))
@@ -117,8 +102,11 @@ pub async fn reclaim(repeat: usize) -> anyhow::Result<ReclaimReport> {
         if !r.status().is_success() {
             bail!("gateway report: {}", r.status());
         }
-        let phases: Vec<PhaseRecord> =
-            until("serving ready again", Duration::from_secs(120), || async {
+        let phases: Vec<PhaseRecord> = crate::until(
+            "serving ready again",
+            Duration::from_secs(120),
+            POLL,
+            || async {
                 let nodes = client.nodes().await.ok()?;
                 let n = nodes.nodes.into_iter().find(|n| n.name == node)?;
                 let fresh: Vec<PhaseRecord> = n
@@ -130,9 +118,10 @@ pub async fn reclaim(repeat: usize) -> anyhow::Result<ReclaimReport> {
                     .iter()
                     .any(|p| p.phase == "wait_health")
                     .then_some(fresh)
-            })
-            .await
-            .with_context(|| format!("round {round}"))?;
+            },
+        )
+        .await
+        .with_context(|| format!("round {round}"))?;
         seen_seq = phases.iter().map(|p| p.seq).max().unwrap_or(seen_seq);
         let phase = |name: &str| phases.iter().find(|p| p.phase == name);
         let stop = phase("stop_jobs").context("no stop_jobs phase recorded")?;

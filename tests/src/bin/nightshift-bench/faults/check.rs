@@ -35,7 +35,7 @@ impl Snapshot {
         Self {
             started,
             at: Instant::now(),
-            now_ms: now_ms(),
+            now_ms: crate::now_ms(),
             jobs: jobs.ok().map(|l| l.jobs),
             nodes: nodes.ok().map(|l| l.nodes),
             engines,
@@ -59,13 +59,6 @@ impl Snapshot {
         let name = format!("gpu{host}");
         self.nodes.as_ref()?.iter().find(|n| n.name == name)
     }
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// What the harness submitted and what it has seen of it.

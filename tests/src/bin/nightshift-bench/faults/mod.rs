@@ -40,6 +40,8 @@ const LEASE_TTL: Duration = Duration::from_secs(15);
 /// How long the harness waits for the cluster to settle after a fault before it calls the
 /// fault not survived.
 const SETTLE_LIMIT: Duration = Duration::from_secs(180);
+/// How often the harness looks again while it waits for something.
+const POLL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -378,7 +380,6 @@ async fn run(args: &FaultsRun, rig: Arc<Rig>) -> anyhow::Result<FaultsReport> {
     r.load.send_replace(Load::Night);
     let _ = settle(&r.rig, Duration::from_secs(120)).await;
     let _ = stop_tx.send(true);
-    r.load.send_replace(Load::Night);
     for t in tasks {
         t.abort();
     }
@@ -574,22 +575,6 @@ fn injection(kind: Kind, target: String) -> Injection {
     }
 }
 
-/// Polls `f` every 200 ms until it gives a value or `limit` passes.
-async fn until<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    None
-}
-
 /// Puts the load at `load`, waits for the cluster to settle there, and returns the settled
 /// snapshot.
 async fn steady(r: &Run, load: Load) -> anyhow::Result<Snapshot> {
@@ -646,11 +631,17 @@ async fn partition(r: &mut Run) -> anyhow::Result<Injection> {
     // The host, alone, must serve again: fail-safe after the lease TTL, the jobs stopped,
     // the replica started.
     let rig = r.rig.clone();
-    let served = until(Duration::from_secs(25), || {
-        let rig = rig.clone();
-        async move { rig.ready(host).await.then_some(()) }
-    })
-    .await;
+    let served = crate::until(
+        "the cut-off host to serve",
+        Duration::from_secs(25),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move { rig.ready(host).await.then_some(()) }
+        },
+    )
+    .await
+    .ok();
     match served {
         Some(()) => {
             inj.figures
@@ -674,7 +665,7 @@ async fn partition(r: &mut Run) -> anyhow::Result<Injection> {
     settle_into(r, &mut inj, healed).await;
     // The cut-off attempts wrote nothing after they were cut off past the TTL plus grace.
     let fence = cut + LEASE_TTL + Duration::from_secs(6);
-    let fence_ms = check::now_ms() - fence.elapsed().as_millis() as u64;
+    let fence_ms = crate::now_ms() - fence.elapsed().as_millis() as u64;
     for (job, epoch) in jobs_there {
         let dir = Path::new(rig::STATE)
             .join("shared/checkpoints/jobs")
@@ -794,30 +785,36 @@ async fn agent_kill(r: &mut Run, moment: Moment) -> anyhow::Result<Injection> {
     steady(r, from).await?;
     r.load.send_replace(to);
     let rig = r.rig.clone();
-    let host = until(Duration::from_secs(60), || {
-        let rig = rig.clone();
-        async move {
-            let s = Snapshot::take(&rig).await;
-            let nodes = s.nodes.as_ref()?;
-            let jobs = s.jobs.as_ref()?;
-            (1..=rig.hosts).find(|&i| {
-                let Some(n) = nodes.iter().find(|n| n.name == format!("gpu{i}")) else {
-                    return false;
-                };
-                let moving = n.applied_version < n.desired_version;
-                match moment {
-                    Moment::Drain => moving && n.mode == NodeMode::Lend,
-                    Moment::Reclaim => moving && n.mode == NodeMode::Serve,
-                    Moment::Start => jobs.iter().any(|j| {
-                        j.state == JobState::Starting
-                            && j.leases.iter().any(|l| l.node == n.name && !l.revoked)
-                    }),
-                    Moment::Idle => !moving,
-                }
-            })
-        }
-    })
-    .await;
+    let host = crate::until(
+        "the moment to kill the agent",
+        Duration::from_secs(60),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let s = Snapshot::take(&rig).await;
+                let nodes = s.nodes.as_ref()?;
+                let jobs = s.jobs.as_ref()?;
+                (1..=rig.hosts).find(|&i| {
+                    let Some(n) = nodes.iter().find(|n| n.name == format!("gpu{i}")) else {
+                        return false;
+                    };
+                    let moving = n.applied_version < n.desired_version;
+                    match moment {
+                        Moment::Drain => moving && n.mode == NodeMode::Lend,
+                        Moment::Reclaim => moving && n.mode == NodeMode::Serve,
+                        Moment::Start => jobs.iter().any(|j| {
+                            j.state == JobState::Starting
+                                && j.leases.iter().any(|l| l.node == n.name && !l.revoked)
+                        }),
+                        Moment::Idle => !moving,
+                    }
+                })
+            }
+        },
+    )
+    .await
+    .ok();
     let (host, when) = match host {
         Some(h) => (h, format!("{moment:?}").to_lowercase()),
         None => (
@@ -1020,37 +1017,53 @@ env:
     r.ledger.lock().unwrap().track(job);
     let mut inj = injection(Kind::JobIgnoresSignal, format!("job {job}"));
     let rig = r.rig.clone();
-    let running = until(Duration::from_secs(90), || {
-        let rig = rig.clone();
-        async move {
-            let s = Snapshot::take(&rig).await;
-            s.running_jobs().contains_key(&job).then_some(())
-        }
-    })
-    .await;
+    let running = crate::until(
+        "the stubborn job to run",
+        Duration::from_secs(90),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let s = Snapshot::take(&rig).await;
+                s.running_jobs().contains_key(&job).then_some(())
+            }
+        },
+    )
+    .await
+    .ok();
     if running.is_none() {
         let _ = r.rig.api.cancel(job).await;
         bail!("job {job} did not start within 90 s of a night");
     }
     // The surge takes its node back: the signal is ignored, the kill comes after the grace.
     r.load.send_replace(Load::Day);
-    let revoked = until(Duration::from_secs(30), || {
-        let rig = rig.clone();
-        async move {
-            let j = rig.api.job(job).await.ok()?;
-            (j.state != JobState::Running).then_some(Instant::now())
-        }
-    })
+    let revoked = crate::until(
+        "the surge to take the job back",
+        Duration::from_secs(30),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let j = rig.api.job(job).await.ok()?;
+                (j.state != JobState::Running).then_some(Instant::now())
+            }
+        },
+    )
+    .await?;
+    let gone = crate::until(
+        "the stubborn job's container to go",
+        Duration::from_secs(grace + 30),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let s = Snapshot::take(&rig).await;
+                (!s.running_jobs().contains_key(&job)).then_some(Instant::now())
+            }
+        },
+    )
     .await
-    .context("the surge did not take the job's node back within 30 s")?;
-    let gone = until(Duration::from_secs(grace + 30), || {
-        let rig = rig.clone();
-        async move {
-            let s = Snapshot::take(&rig).await;
-            (!s.running_jobs().contains_key(&job)).then_some(Instant::now())
-        }
-    })
-    .await;
+    .ok();
     match gone {
         Some(t) => {
             let s = (t - revoked).as_secs_f64();
@@ -1089,14 +1102,20 @@ retry: {{limit: 2, backoffSeconds: 2, backoffFactor: 2}}
     let mut inj = injection(Kind::JobCrashLoop, format!("job {job}"));
     let t = Instant::now();
     let rig = r.rig.clone();
-    let end = until(Duration::from_secs(120), || {
-        let rig = rig.clone();
-        async move {
-            let j = rig.api.job(job).await.ok()?;
-            j.state.is_finished().then_some(j)
-        }
-    })
-    .await;
+    let end = crate::until(
+        "the crash-looping job to end",
+        Duration::from_secs(120),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let j = rig.api.job(job).await.ok()?;
+                j.state.is_finished().then_some(j)
+            }
+        },
+    )
+    .await
+    .ok();
     let Some(j) = end else {
         inj.violations.push(format!(
             "job {job} had not ended 120 s after it was submitted"

@@ -257,10 +257,7 @@ fn sock(i: usize) -> String {
 /// The pid in `file` when that process runs.
 fn pid_running(file: &Path) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
-    // A zombie (exited, not yet reaped by its parent) counts as gone.
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let state = stat.rsplit_once(") ")?.1.chars().next()?;
-    (state != 'Z' && state != 'X').then_some(pid)
+    alive(pid).then_some(pid)
 }
 
 /// Sends `sig` to `pid` and waits up to `within` for it to exit; false when it did not.
@@ -268,7 +265,7 @@ pub async fn signal_and_wait(pid: i32, sig: &str, within: Duration) -> anyhow::R
     run("kill", &[&format!("-{sig}"), &pid.to_string()]).await?;
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid) {
+        if !alive(pid) {
             return Ok(true);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -276,10 +273,12 @@ pub async fn signal_and_wait(pid: i32, sig: &str, within: Duration) -> anyhow::R
     Ok(false)
 }
 
-fn is_zombie(pid: i32) -> bool {
+/// Whether process `pid` runs: it exists and is not a zombie (exited, not yet reaped by its
+/// parent).
+fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('Z')))
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with(['Z', 'X'])))
         .unwrap_or(false)
 }
 
