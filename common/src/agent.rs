@@ -87,6 +87,24 @@ pub struct Heartbeat {
 }
 
 /// The host's resources as the agent sees them.
+impl Heartbeat {
+    /// A report of `replica` and `jobs` by an agent that applied `applied_version`, and
+    /// nothing more (no GPU status, phase, host facts or URL): what stand-in agents send.
+    pub fn report(replica: ReplicaStatus, jobs: Vec<JobRun>, applied_version: u64) -> Self {
+        Self {
+            gpus: Vec::new(),
+            replica,
+            jobs,
+            applied_version,
+            phases: Vec::new(),
+            expired_leases: Vec::new(),
+            host: None,
+            agent_url: None,
+            metrics_url: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -243,6 +261,22 @@ pub struct ReplicaStatus {
 
 /// A replica's load as vLLM reports it. `None` means unknown (no scrape, a bad page, a
 /// missing metric), which is never read as zero.
+impl ReplicaStatus {
+    /// A replica in `state` with no request running or waiting and its KV cache empty.
+    pub fn idle(state: ReplicaState) -> Self {
+        Self {
+            state,
+            signals: ServingSignals {
+                requests_running: Some(0.0),
+                requests_waiting: Some(0.0),
+                kv_cache_usage: Some(0.0),
+                ..ServingSignals::default()
+            },
+            url: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use nightshift_common::{
     DesiredNode, GpuInfo, Heartbeat, JobList, RegisterRequest, ReplicaState, ReplicaStatus,
-    ServingSignals,
 };
 use nightshift_coordinator::config::{CoordinatorConfig, ScaleDownConfig, ServiceConfig};
 use serde_json::{Value, json};
@@ -278,26 +277,7 @@ impl Server {
         applied: u64,
         jobs: Vec<nightshift_common::JobRun>,
     ) -> DesiredNode {
-        let beat = Heartbeat {
-            gpus: vec![],
-            replica: ReplicaStatus {
-                state: replica,
-                signals: ServingSignals {
-                    requests_running: Some(0.0),
-                    requests_waiting: Some(0.0),
-                    kv_cache_usage: Some(0.0),
-                    ..ServingSignals::default()
-                },
-                url: None,
-            },
-            jobs,
-            applied_version: applied,
-            phases: vec![],
-            expired_leases: vec![],
-            host: None,
-            agent_url: None,
-            metrics_url: None,
-        };
+        let beat = Heartbeat::report(ReplicaStatus::idle(replica), jobs, applied);
         let (status, body) = self
             .post(
                 &format!("/v1/agents/{node}/heartbeat"),

@@ -408,7 +408,7 @@ async fn failed_authentications_are_rate_limited_per_client_address() {
 async fn a_full_store_answers_heartbeats_and_keeps_leases_alive() {
     use nightshift_common::{
         DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, RegisterRequest, ReplicaState,
-        ReplicaStatus, ServingSignals,
+        ReplicaStatus,
     };
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -446,25 +446,8 @@ async fn a_full_store_answers_heartbeats_and_keeps_leases_alive() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let beat = |replica: ReplicaState, applied: u64, jobs: Vec<JobRun>| Heartbeat {
-        gpus: vec![],
-        replica: ReplicaStatus {
-            state: replica,
-            signals: ServingSignals {
-                requests_running: Some(0.0),
-                requests_waiting: Some(0.0),
-                kv_cache_usage: Some(0.0),
-                ..ServingSignals::default()
-            },
-            url: None,
-        },
-        jobs,
-        applied_version: applied,
-        phases: vec![],
-        expired_leases: vec![],
-        host: None,
-        agent_url: None,
-        metrics_url: None,
+    let beat = |replica: ReplicaState, applied: u64, jobs: Vec<JobRun>| {
+        Heartbeat::report(ReplicaStatus::idle(replica), jobs, applied)
     };
     let send = |b: Heartbeat| {
         post(
