@@ -123,11 +123,14 @@ part "the tests" cargo test --workspace "$@"
 cargo run -q -p nightshift-tests --bin nightshift-logscan -- "$NIGHTSHIFT_TEST_LOGS"
 
 # The cluster rig: 3 hosts, each a network namespace with its own dockerd and agent, and
-# issue 18's scenarios on it (tests/cluster/scenarios.sh, docs/CLUSTER.md). Needs root.
+# issue 18's scenarios on it (tests/cluster/scenarios.sh, docs/CLUSTER.md), then the fault
+# harness on a fresh one. Needs root.
 if [ "${NIGHTSHIFT_SKIP_CLUSTER:-}" = 1 ]; then
     echo "tests/run.sh: NIGHTSHIFT_SKIP_CLUSTER=1: the cluster rig's scenarios did not run" >&2
 else
     part "the cluster rig" bash tests/cluster/scenarios.sh
+    # Faults on a rig of its own, every kind once (docs/RELIABILITY.md): about 3 minutes.
+    part "the fault harness" target/debug/nightshift-bench faults --seed 1
 fi
 
 # The fuzz targets, each for a few seconds from its committed corpus (tests/fuzz.sh).
