@@ -84,16 +84,7 @@ pub fn redact(url: &str) -> String {
 pub(super) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(s) = source {
-                text.push_str(": ");
-                text.push_str(&s.to_string());
-                source = s.source();
-            }
-            text
-        }
+        None => nightshift_common::logging::error_message(e),
     }
 }
 
