@@ -11,7 +11,7 @@ use super::{
     COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, node_from, node_record,
     parse_record, profile_from, profile_record,
 };
-use crate::pipelines::PipelineSnapshot;
+use crate::pipelines::{PipelineChanges, PipelineSnapshot};
 
 pub struct SqliteStore {
     conn: Connection,
@@ -209,46 +209,61 @@ impl SqliteStore {
     }
 
     pub fn load_pipelines(&self) -> Result<PipelineSnapshot, StoreError> {
-        let mut snapshot = PipelineSnapshot::default();
+        let rows = self.pipeline_rows()?;
+        let mut inputs = BTreeMap::<u64, Vec<_>>::new();
+        for (run, _, input) in rows.inputs {
+            inputs.entry(run).or_default().push(input);
+        }
+        Ok(PipelineSnapshot {
+            runs: rows.runs,
+            inputs,
+            jobs: rows.jobs,
+        })
+    }
+
+    /// Every row of the pipeline tables: runs by id, inputs by run and sequence number (kept,
+    /// gaps and all), jobs.
+    fn pipeline_rows(&self) -> Result<PipelineChanges, StoreError> {
+        let mut rows = PipelineChanges::default();
         let mut stmt = self
             .conn
             .prepare("SELECT id, record FROM pipeline_runs ORDER BY id")
             .map_err(|e| self.sql(e))?;
-        let rows = stmt
+        let runs = stmt
             .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
             .map_err(|e| self.sql(e))?;
-        for row in rows {
+        for row in runs {
             let (id, record) = row.map_err(|e| self.sql(e))?;
             let run = parse_record(&self.location, || format!("pipeline run {id}"), &record)?;
-            snapshot.runs.push(run);
+            rows.runs.push(run);
         }
         let mut stmt = self
             .conn
             .prepare("SELECT run, seq, record FROM pipeline_inputs ORDER BY run, seq")
             .map_err(|e| self.sql(e))?;
-        let rows = stmt
+        let inputs = stmt
             .query_map([], |r| {
                 Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, i64>(1)? as u64,
                     r.get::<_, String>(2)?,
                 ))
             })
             .map_err(|e| self.sql(e))?;
-        for row in rows {
+        for row in inputs {
             let (run, seq, record) = row.map_err(|e| self.sql(e))?;
             let input = parse_record(
                 &self.location,
                 || format!("input {seq} of pipeline run {run}"),
                 &record,
             )?;
-            snapshot.inputs.entry(run as u64).or_default().push(input);
+            rows.inputs.push((run, seq, input));
         }
         let mut stmt = self
             .conn
             .prepare("SELECT run, node, retry, job FROM pipeline_jobs")
             .map_err(|e| self.sql(e))?;
-        let rows = stmt
+        let jobs = stmt
             .query_map([], |r| {
                 Ok((
                     r.get::<_, i64>(0)? as u64,
@@ -258,10 +273,10 @@ impl SqliteStore {
                 ))
             })
             .map_err(|e| self.sql(e))?;
-        for row in rows {
-            snapshot.jobs.push(row.map_err(|e| self.sql(e))?);
-        }
-        Ok(snapshot)
+        rows.jobs = jobs
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.sql(e))?;
+        Ok(rows)
     }
 
     pub fn image_ids(&self, jobs: &[u64]) -> Result<BTreeMap<u64, String>, StoreError> {
@@ -297,33 +312,9 @@ impl SqliteStore {
                 snapshot.next_epoch,
             )),
             usage: self.usage(0, i64::MAX as u64)?,
+            pipelines: self.pipeline_rows()?,
             ..Changes::default()
         };
-        let pipelines = self.load_pipelines()?;
-        changes.pipelines.runs = pipelines.runs;
-        changes.pipelines.jobs = pipelines.jobs;
-        let mut stmt = self
-            .conn
-            .prepare("SELECT run, seq, record FROM pipeline_inputs ORDER BY run, seq")
-            .map_err(|e| self.sql(e))?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, i64>(0)? as u64,
-                    r.get::<_, i64>(1)? as u64,
-                    r.get::<_, String>(2)?,
-                ))
-            })
-            .map_err(|e| self.sql(e))?;
-        for row in rows {
-            let (run, seq, record) = row.map_err(|e| self.sql(e))?;
-            let input = parse_record(
-                &self.location,
-                || format!("input {seq} of pipeline run {run}"),
-                &record,
-            )?;
-            changes.pipelines.inputs.push((run, seq, input));
-        }
         let mut stmt = self
             .conn
             .prepare(
