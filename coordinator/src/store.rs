@@ -129,6 +129,19 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
 /// The schema version this coordinator writes: the number of [`MIGRATIONS`].
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
 
+/// `found`, the schema version database `db` records, unless it is newer than this
+/// coordinator knows (its tables may then mean something else).
+fn known_version(db: &str, found: usize) -> Result<usize, StoreError> {
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::TooNew {
+            db: db.to_owned(),
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    Ok(found)
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoredProfile {

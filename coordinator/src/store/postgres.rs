@@ -28,8 +28,8 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Statement};
 
 use super::{
-    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, node_from, node_record,
-    parse_record, profile_from, profile_record,
+    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, known_version,
+    node_from, node_record, parse_record, profile_from, profile_record,
 };
 use crate::pipelines::PipelineSnapshot;
 
@@ -299,15 +299,7 @@ impl PgStore {
     /// what `nightshift-coordinator validate` checks.
     pub fn check(url: &str, ca_file: Option<&Path>) -> Result<usize, StoreError> {
         let store = Self::connect_to(url, ca_file)?;
-        let found = store.schema_version()?;
-        if found > MIGRATIONS.len() {
-            return Err(StoreError::TooNew {
-                db: store.location.clone(),
-                found,
-                known: MIGRATIONS.len(),
-            });
-        }
-        Ok(found)
+        known_version(&store.location, store.schema_version()?)
     }
 
     fn connect_to(url: &str, ca_file: Option<&Path>) -> Result<Self, StoreError> {
@@ -491,13 +483,7 @@ impl PgStore {
             tx.commit().await?;
             Ok(found)
         })?;
-        if found > known {
-            return Err(StoreError::TooNew {
-                db: self.location.clone(),
-                found,
-                known,
-            });
-        }
+        known_version(&self.location, found)?;
         Ok(())
     }
 

@@ -8,8 +8,8 @@ use nightshift_core::{CoreSnapshot, Usage};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, node_from, node_record,
-    parse_record, profile_from, profile_record,
+    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, known_version,
+    node_from, node_record, parse_record, profile_from, profile_record,
 };
 use crate::pipelines::{PipelineChanges, PipelineSnapshot};
 
@@ -69,14 +69,7 @@ impl SqliteStore {
                 "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;",
             )
             .map_err(|e| self.sql(e))?;
-        let version = self.schema_version()?;
-        if version > MIGRATIONS.len() {
-            return Err(StoreError::TooNew {
-                db: self.location.clone(),
-                found: version,
-                known: MIGRATIONS.len(),
-            });
-        }
+        let version = known_version(&self.location, self.schema_version()?)?;
         for (i, migration) in MIGRATIONS.iter().enumerate().skip(version) {
             let tx = self.conn.transaction().map_err(|e| StoreError::Sqlite {
                 path: self.path.clone(),
