@@ -414,10 +414,6 @@ impl Store {
     /// be a lost database. (A coordinator process takes the directory's [`DataDirLock`]
     /// first.)
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
-            path: data_dir.to_owned(),
-            source,
-        })?;
         SqliteStore::open(&data_dir.join(DB_FILE)).map(Self::Sqlite)
     }
 
@@ -425,15 +421,7 @@ impl Store {
     /// a PostgreSQL server's certificate must chain to, the system's roots when `None`.
     pub fn open_url(url: &StoreUrl, ca_file: Option<&Path>) -> Result<Self, StoreError> {
         match url {
-            StoreUrl::Sqlite(path) => {
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
-                        path: dir.to_owned(),
-                        source,
-                    })?;
-                }
-                SqliteStore::open(path).map(Self::Sqlite)
-            }
+            StoreUrl::Sqlite(path) => SqliteStore::open(path).map(Self::Sqlite),
             StoreUrl::Postgres(url) => {
                 PgStore::open(url, ca_file).map(|s| Self::Postgres(Box::new(s)))
             }

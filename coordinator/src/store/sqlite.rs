@@ -21,9 +21,15 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating when needed) the database file `path` and brings its schema up to
-    /// date. An empty file is refused: it may be a lost database.
+    /// Opens (creating when needed, with its directory) the database file `path` and brings
+    /// its schema up to date. An empty file is refused: it may be a lost database.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+                path: dir.to_owned(),
+                source,
+            })?;
+        }
         let path = path.to_owned();
         // SQLite takes an empty file for a new database; here it is more likely one that was
         // lost (truncated, a failed copy), and starting empty would hide that.
