@@ -111,16 +111,11 @@ impl TestDatabase {
 pub fn database(prefix: &str) -> TestDatabase {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let server = server();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!(
-        "{}_{}_{n}_{nanos:x}",
-        prefix.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
-        std::process::id()
-    )
-    .to_lowercase();
+    // A name SQL takes unquoted: letters, digits and `_`, in lower case.
+    let name = crate::unique_node(&format!("{prefix}_{n}"))
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        .to_lowercase();
     psql(
         &format!("{}/postgres?sslmode=disable", server.base),
         &format!("CREATE DATABASE {name}"),
