@@ -247,7 +247,7 @@ fn node_record(n: &NodeSnapshot) -> String {
             .map(|&(job, epoch)| StoredCheckpoint { job, epoch })
             .collect(),
     };
-    serde_json::to_string(&stored).expect("wire types always serialize")
+    to_record(&stored)
 }
 
 fn node_from(n: StoredNode) -> NodeSnapshot {
@@ -272,7 +272,7 @@ fn profile_record(p: &Profile) -> String {
         weekly: p.weekly.clone(),
         daily: p.daily.clone(),
     };
-    serde_json::to_string(&stored).expect("profiles always serialize")
+    to_record(&stored)
 }
 
 fn profile_from(p: StoredProfile) -> Profile {
@@ -553,6 +553,11 @@ pub fn migrate(from: &Path, to: &str, ca_file: Option<&Path>) -> Result<Copied, 
         pipeline_runs: changes.pipelines.runs.len(),
         images: changes.images.len(),
     })
+}
+
+/// The JSON record of a row, as both backends keep it; [`parse_record`] reads it back.
+fn to_record(value: &impl Serialize) -> String {
+    serde_json::to_string(value).expect("records always serialize")
 }
 
 /// Parses a JSON record of `what` (e.g. `job 7`), or says which one does not parse.

@@ -28,8 +28,8 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Statement};
 
 use super::{
-    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, known_version,
-    node_from, node_record, parse_record, profile_from, profile_record,
+    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, known_version, node_from,
+    node_record, parse_record, profile_from, profile_record, to_record,
 };
 use crate::pipelines::PipelineSnapshot;
 
@@ -235,7 +235,7 @@ impl Rows {
         let mut rows = Self::default();
         for changes in batches {
             for job in &changes.jobs {
-                let record = serde_json::to_string(job).expect("wire types always serialize");
+                let record = to_record(job);
                 rows.jobs
                     .insert(job.id as i64, (job.state.as_str().to_owned(), record));
             }
@@ -250,11 +250,11 @@ impl Rows {
             }
             let p = &changes.pipelines;
             for run in &p.runs {
-                let record = serde_json::to_string(run).expect("wire types always serialize");
+                let record = to_record(run);
                 rows.runs.insert(run.id as i64, record);
             }
             for (run, seq, input) in &p.inputs {
-                let record = serde_json::to_string(input).expect("wire types always serialize");
+                let record = to_record(input);
                 rows.inputs.push((*run as i64, *seq as i64, record));
             }
             for (run, node, retry, job) in &p.jobs {

@@ -8,8 +8,8 @@ use nightshift_core::{CoreSnapshot, Usage};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, known_version,
-    node_from, node_record, parse_record, profile_from, profile_record,
+    COUNTERS, Changes, MIGRATIONS, StoreError, StoredNode, StoredProfile, known_version, node_from,
+    node_record, parse_record, profile_from, profile_record, to_record,
 };
 use crate::pipelines::{PipelineChanges, PipelineSnapshot};
 
@@ -272,9 +272,7 @@ impl SqliteStore {
                 ))
             })
             .map_err(|e| self.sql(e))?;
-        rows.jobs = jobs
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.sql(e))?;
+        rows.jobs = jobs.collect::<Result<_, _>>().map_err(|e| self.sql(e))?;
         Ok(rows)
     }
 
@@ -358,7 +356,7 @@ impl SqliteStore {
         changes: &Changes,
     ) -> Result<(), StoreError> {
         for job in &changes.jobs {
-            let record = serde_json::to_string(job).expect("wire types always serialize");
+            let record = to_record(job);
             tx.prepare_cached(
                 "INSERT INTO jobs (id, state, record) VALUES (?1, ?2, ?3)
                  ON CONFLICT(id) DO UPDATE SET state = excluded.state, record = excluded.record",
@@ -405,7 +403,7 @@ impl SqliteStore {
         }
         let p = &changes.pipelines;
         for run in &p.runs {
-            let record = serde_json::to_string(run).expect("wire types always serialize");
+            let record = to_record(run);
             tx.prepare_cached(
                 "INSERT INTO pipeline_runs (id, record) VALUES (?1, ?2)
                  ON CONFLICT(id) DO UPDATE SET record = excluded.record",
@@ -414,7 +412,7 @@ impl SqliteStore {
             .map_err(sql)?;
         }
         for (run, seq, input) in &p.inputs {
-            let record = serde_json::to_string(input).expect("wire types always serialize");
+            let record = to_record(input);
             tx.prepare_cached("INSERT INTO pipeline_inputs (run, seq, record) VALUES (?1, ?2, ?3)")
                 .and_then(|mut st| st.execute(params![*run as i64, *seq as i64, record]))
                 .map_err(sql)?;
