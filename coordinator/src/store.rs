@@ -530,6 +530,8 @@ pub fn migrate(from: &Path, to: &str, ca_file: Option<&Path>) -> Result<Copied, 
             reason: "no such database file".to_owned(),
         });
     }
+    // The installation must be stopped: its coordinator holds this lock while it runs.
+    let _lock = DataDirLock::acquire(from.parent().unwrap_or(Path::new("")))?;
     let source = SqliteStore::open(from)?;
     let changes = source.export()?;
     let mut target = PgStore::open(to, ca_file)?;

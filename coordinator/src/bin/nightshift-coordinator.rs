@@ -157,18 +157,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .or_else(|| from.strip_prefix("sqlite:"))
                 .ok_or_else(|| anyhow::anyhow!("--from {from:?}: must be sqlite:PATH"))?;
             let mut path = PathBuf::from(path);
-            let dir = if path.is_dir() {
-                let dir = path.clone();
-                path = path.join(nightshift_coordinator::store::DB_FILE);
-                dir
-            } else {
-                path.parent().map(PathBuf::from).unwrap_or_default()
-            };
+            if path.is_dir() {
+                path.push(nightshift_coordinator::store::DB_FILE);
+            }
             let StoreUrl::Postgres(to) = StoreUrl::parse(&to)? else {
                 anyhow::bail!("--to: must be a postgres:// URL");
             };
-            // The installation must be stopped: its coordinator holds this lock while it runs.
-            let _lock = nightshift_coordinator::store::DataDirLock::acquire(&dir)?;
             let copied = nightshift_coordinator::store::migrate(&path, &to, ca_file.as_deref())?;
             println!(
                 "copied {} jobs, {} nodes, {} ended leases, {} pipeline runs and {} image \
