@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{Extensions, HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -39,9 +39,10 @@ pub struct AccessState {
     pub auth_failures: Arc<RateLimiter<IpAddr>>,
 }
 
-/// The client's address, where the server recorded it (without one, all share a bucket).
-pub(crate) fn client_ip(req: &Request) -> IpAddr {
-    req.extensions()
+/// The client's address, where the server recorded it among a request's extensions
+/// (without one, all share a bucket).
+pub(crate) fn client_ip(extensions: &Extensions) -> IpAddr {
+    extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), |c| c.0.ip())
 }
@@ -79,7 +80,7 @@ fn forbidden(p: &Principal, what: impl Into<String>, field: Option<&str>) -> Res
 }
 
 pub async fn check(State(s): State<AccessState>, req: Request, next: Next) -> Response {
-    let ip = client_ip(&req);
+    let ip = client_ip(req.extensions());
     let principal = match authenticate(&s, ip, bearer(req.headers())) {
         Ok(Some(principal)) => principal,
         // The open API: no token yet, none given.

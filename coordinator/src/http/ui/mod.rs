@@ -25,8 +25,8 @@ mod report;
 
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::extract::{Request, State};
+use axum::http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
@@ -139,7 +139,7 @@ async fn admit(access: Option<&AccessState>, mut req: Request, next: Next) -> Re
         None => None,
         Some(s) => {
             let token = cookie(req.headers(), COOKIE);
-            match access::authenticate(s, client_ip(&req), token.as_deref()) {
+            match access::authenticate(s, access::client_ip(req.extensions()), token.as_deref()) {
                 Ok(p) => p,
                 Err(refusal) if refusal.status() == StatusCode::UNAUTHORIZED => {
                     return to_login(&req);
@@ -150,14 +150,6 @@ async fn admit(access: Option<&AccessState>, mut req: Request, next: Next) -> Re
     };
     req.extensions_mut().insert(Viewer { principal });
     next.run(req).await
-}
-
-fn client_ip(req: &Request) -> std::net::IpAddr {
-    req.extensions()
-        .get::<ConnectInfo<std::net::SocketAddr>>()
-        .map_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), |c| {
-            c.0.ip()
-        })
 }
 
 /// A page asked for without a good token goes to the login page; the script's requests
@@ -248,15 +240,12 @@ struct LoginForm {
 async fn login(
     Extension(access): Extension<Option<AccessState>>,
     tls: Option<Extension<crate::https::PeerNode>>,
-    addr: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
+    extensions: Extensions,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let token = form.token.trim();
-    let ip = addr.map_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), |a| {
-        a.0.0.ip()
-    });
     if let Some(s) = &access {
-        match access::authenticate(s, ip, Some(token)) {
+        match access::authenticate(s, access::client_ip(&extensions), Some(token)) {
             Ok(_) => {}
             Err(refusal) => {
                 let why = if refusal.status() == StatusCode::UNAUTHORIZED {
