@@ -24,13 +24,7 @@ pub fn frame(title: &str, current: &str, viewer: &Viewer, body: Markup) -> Html<
         html! {
             (DOCTYPE)
             html lang="en" {
-                head {
-                    meta charset="utf-8";
-                    meta name="viewport" content="width=device-width, initial-scale=1";
-                    title { (title) " · nightshift" }
-                    link rel="stylesheet" href=(super::assets::CSS_PATH);
-                    script src=(super::assets::JS_PATH) defer {}
-                }
+                (head(title, true))
                 body {
                     header.top {
                         a.brand href="/ui/" { "nightshift" }
@@ -69,17 +63,26 @@ pub fn bare(title: &str, body: Markup) -> Html<String> {
         html! {
             (DOCTYPE)
             html lang="en" {
-                head {
-                    meta charset="utf-8";
-                    meta name="viewport" content="width=device-width, initial-scale=1";
-                    title { (title) " · nightshift" }
-                    link rel="stylesheet" href=(super::assets::CSS_PATH);
-                }
+                (head(title, false))
                 body.bare { main { (body) } }
             }
         }
         .into_string(),
     )
+}
+
+/// Every page's `<head>`: its title and the stylesheet; the script where `live` (a page
+/// with the navigation), none on the login and error pages.
+fn head(title: &str, live: bool) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · nightshift" }
+            link rel="stylesheet" href=(super::assets::CSS_PATH);
+            @if live { script src=(super::assets::JS_PATH) defer {} }
+        }
+    }
 }
 
 /// An error as a small page with its status.
