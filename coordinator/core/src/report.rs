@@ -10,7 +10,8 @@ use nightshift_common::{Report, ReportGroup, ReportTotals, UnixMillis};
 use crate::Usage;
 
 const HOUR_MS: f64 = 3_600_000.0;
-const DAY_MS: u64 = 86_400_000;
+/// A UTC day.
+pub const DAY_MS: u64 = 86_400_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupBy {
@@ -161,6 +162,17 @@ pub fn period_key(t: UnixMillis, month: bool) -> String {
     } else {
         format!("{y:04}-{m:02}-{d:02}")
     }
+}
+
+/// The first millisecond of `t`'s day (UTC).
+pub fn day_start(t: UnixMillis) -> UnixMillis {
+    t - t % DAY_MS
+}
+
+/// The first millisecond of `t`'s month (UTC).
+pub fn month_start(t: UnixMillis) -> UnixMillis {
+    let (y, m, _) = civil_from_days((t / DAY_MS) as i64);
+    days_from_civil(y, m, 1) as u64 * DAY_MS
 }
 
 /// Howard Hinnant's `civil_from_days`: days since 1970-01-01 → (year, month, day).
@@ -320,5 +332,15 @@ mod tests {
                 .contains("is not a date")
         );
         assert!(parse_time("yesterday", 0).is_err());
+    }
+
+    #[test]
+    fn days_and_months_start_at_utc_midnight() {
+        let t = parse_time("2026-12-05T17:40:12Z", 0).unwrap();
+        assert_eq!(day_start(t), parse_time("2026-12-05", 0).unwrap());
+        assert_eq!(month_start(t), parse_time("2026-12-01", 0).unwrap());
+        let first = parse_time("2026-03-01", 0).unwrap();
+        assert_eq!(month_start(first), first);
+        assert_eq!(month_start(first - 1), parse_time("2026-02-01", 0).unwrap());
     }
 }

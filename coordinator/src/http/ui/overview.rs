@@ -8,14 +8,12 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use nightshift_common::{JobState, JobView, NodeMode, NodeView, ReplicaState, ReportTotals};
-use nightshift_core::report::days_from_civil;
+use nightshift_core::report::{day_start, month_start};
 
 use super::{Shared, Viewer, page};
 use crate::cluster::now_ms;
 use crate::http::report::{ReportQuery, report};
 use crate::http::{jobs, nodes};
-
-const DAY_MS: u64 = 86_400_000;
 
 /// What a node is doing now, in the words of the overview.
 pub fn node_state(n: &NodeView) -> &'static str {
@@ -89,13 +87,12 @@ pub async fn page(State(cluster): Shared, Extension(viewer): Extension<Viewer>) 
     let now = now_ms();
     let nodes = nodes::list(State(cluster.clone())).await.0.nodes;
     let jobs = jobs::list(State(cluster.clone())).await.0.jobs;
-    let today = now - now % DAY_MS;
-    let key = nightshift_core::report::period_key(now, true);
-    let (y, m) = key.split_once('-').unwrap_or(("1970", "01"));
-    let month =
-        days_from_civil(y.parse().unwrap_or(1970), m.parse().unwrap_or(1), 1) as u64 * DAY_MS;
-    let day = harvest(State(cluster.clone()), today).await;
-    let this_month = harvest(State(cluster.clone()), month.min(now.saturating_sub(1))).await;
+    let day = harvest(State(cluster.clone()), day_start(now)).await;
+    let this_month = harvest(
+        State(cluster.clone()),
+        month_start(now).min(now.saturating_sub(1)),
+    )
+    .await;
     let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
     for n in &nodes {
         *by_state.entry(node_state(n)).or_default() += 1;

@@ -6,18 +6,17 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use nightshift_common::Report;
+use nightshift_core::report::{DAY_MS, day_start};
 
 use super::{Shared, Viewer, page};
 use crate::cluster::now_ms;
 use crate::http::report::{ReportQuery, report};
 
-const DAY_MS: u64 = 86_400_000;
-
 async fn grouped(cluster: Shared, days: u64, by: &str) -> Result<Report, String> {
     let now = now_ms();
     let q = ReportQuery {
         // Whole days: from the start of the first day shown.
-        since: Some(now - now % DAY_MS - (days - 1) * DAY_MS),
+        since: Some(day_start(now) - (days - 1) * DAY_MS),
         until: Some(now),
         by: Some(by.to_owned()),
     };
