@@ -12,8 +12,8 @@ use super::{Shared, Viewer, page};
 use crate::cluster::now_ms;
 use crate::http::report::{ReportQuery, report};
 
-async fn grouped(cluster: Shared, days: u64, by: &str) -> Result<Report, String> {
-    let now = now_ms();
+/// The last `days` whole days up to `now`, grouped `by`.
+async fn grouped(cluster: Shared, now: u64, days: u64, by: &str) -> Result<Report, String> {
     let q = ReportQuery {
         // Whole days: from the start of the first day shown.
         since: Some(day_start(now) - (days - 1) * DAY_MS),
@@ -27,9 +27,11 @@ async fn grouped(cluster: Shared, days: u64, by: &str) -> Result<Report, String>
 }
 
 pub async fn page(State(cluster): Shared, Extension(viewer): Extension<Viewer>) -> Response {
-    let by_team = grouped(State(cluster.clone()), 30, "team").await;
-    let by_day = grouped(State(cluster.clone()), 30, "day").await;
-    let by_month = grouped(State(cluster), 365, "month").await;
+    // One now for the three: the same period however long the page takes to build.
+    let now = now_ms();
+    let by_team = grouped(State(cluster.clone()), now, 30, "team").await;
+    let by_day = grouped(State(cluster.clone()), now, 30, "day").await;
+    let by_month = grouped(State(cluster), now, 365, "month").await;
     let body = html! {
         div #live-report data-live {
             (section("By team, last 30 days", "by-team", &by_team))
