@@ -79,7 +79,7 @@ impl Ui {
     async fn post(
         &self,
         path: &str,
-        token: &str,
+        token: Option<&str>,
         form: &[(&str, &str)],
     ) -> (u16, String, reqwest::header::HeaderMap) {
         let body: String = form
@@ -87,15 +87,15 @@ impl Ui {
             .map(|(k, v)| format!("{k}={}", url_encode(v)))
             .collect::<Vec<_>>()
             .join("&");
-        let resp = self
+        let mut req = self
             .http
             .post(format!("{}{path}", self.url))
-            .header("cookie", format!("nightshift_token={token}"))
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+            .body(body);
+        if let Some(t) = token {
+            req = req.header("cookie", format!("nightshift_token={t}"));
+        }
+        let resp = req.send().await.unwrap();
         let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
         (status, resp.text().await.unwrap(), headers)
     }
@@ -105,7 +105,7 @@ impl Ui {
         let spec = format!(
             r#"{{"name":"{name}","image":"busybox","command":["true"],"gpus":1,"owner":"{owner}"}}"#
         );
-        let (status, body, headers) = self.post("/ui/jobs", token, &[("spec", &spec)]).await;
+        let (status, body, headers) = self.post("/ui/jobs", Some(token), &[("spec", &spec)]).await;
         assert_eq!(status, 303, "{body}");
         let to = headers["location"].to_str().unwrap();
         to.strip_prefix("/ui/jobs/").unwrap().parse().unwrap()
@@ -142,35 +142,20 @@ async fn pages_follow_the_apis_tokens_and_roles() {
     );
 
     // Logging in checks the token and keeps it in the cookie.
-    let resp = ui
-        .http
-        .post(format!("{}/ui/login", ui.url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("token={alice}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 303);
-    let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let (status, _, headers) = ui.post("/ui/login", None, &[("token", &alice)]).await;
+    assert_eq!(status, 303);
     assert_eq!(
-        cookie,
+        headers["set-cookie"],
         format!("nightshift_token={alice}; Path=/ui; HttpOnly; SameSite=Strict")
     );
-    let resp = ui
-        .http
-        .post(format!("{}/ui/login", ui.url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("token=nst_wrong")
-        .send()
-        .await
-        .unwrap();
+    let (_, _, headers) = ui.post("/ui/login", None, &[("token", "nst_wrong")]).await;
     assert!(
-        resp.headers()["location"]
+        headers["location"]
             .to_str()
             .unwrap()
             .starts_with("/ui/login?error=")
     );
-    assert!(!resp.headers().contains_key("set-cookie"));
+    assert!(!headers.contains_key("set-cookie"));
 
     // Every page renders for a researcher, with the embedded script and stylesheet.
     for page in [
@@ -197,11 +182,11 @@ async fn pages_follow_the_apis_tokens_and_roles() {
     let nlp_job = ui.submit(&alice, "nlp-train", "nlp").await;
     let vision_job = ui.submit(&bob, "vision-eval", "vision").await;
     let spec = r#"{"name":"x","image":"busybox","gpus":1,"owner":"vision"}"#;
-    let (status, body, _) = ui.post("/ui/jobs", &alice, &[("spec", spec)]).await;
+    let (status, body, _) = ui.post("/ui/jobs", Some(&alice), &[("spec", spec)]).await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("id=\"submit-error\""), "{body}");
     let (status, body, _) = ui
-        .post("/ui/jobs", &alice, &[("spec", "{\"name\":1}")])
+        .post("/ui/jobs", Some(&alice), &[("spec", "{\"name\":1}")])
         .await;
     assert_eq!(status, 400, "{body}");
 
@@ -214,7 +199,7 @@ async fn pages_follow_the_apis_tokens_and_roles() {
     assert!(other.contains("vision-eval"), "{other}");
     assert!(!other.contains("id=\"cancel\""), "{other}");
     let (status, body, _) = ui
-        .post(&format!("/ui/jobs/{vision_job}/cancel"), &alice, &[])
+        .post(&format!("/ui/jobs/{vision_job}/cancel"), Some(&alice), &[])
         .await;
     assert_eq!(status, 403, "{body}");
     let state = |id| ui.cluster.read(|core, _| core.job(id).unwrap().state);
@@ -234,7 +219,7 @@ async fn pages_follow_the_apis_tokens_and_roles() {
 
     // Her own job she cancels; the admin cancels any.
     let (status, _, _) = ui
-        .post(&format!("/ui/jobs/{nlp_job}/cancel"), &alice, &[])
+        .post(&format!("/ui/jobs/{nlp_job}/cancel"), Some(&alice), &[])
         .await;
     assert_eq!(status, 303);
     assert_eq!(state(nlp_job), JobState::Cancelled);
@@ -243,7 +228,7 @@ async fn pages_follow_the_apis_tokens_and_roles() {
         .await;
     assert!(page.contains("id=\"cancel\""), "{page}");
     let (status, _, _) = ui
-        .post(&format!("/ui/jobs/{vision_job}/cancel"), &admin, &[])
+        .post(&format!("/ui/jobs/{vision_job}/cancel"), Some(&admin), &[])
         .await;
     assert_eq!(status, 303);
     assert_eq!(state(vision_job), JobState::Cancelled);
@@ -273,7 +258,7 @@ async fn pages_follow_the_apis_tokens_and_roles() {
     assert!(body.starts_with("event: wait\n"), "{body}");
 
     // Logging out forgets the cookie.
-    let (status, _, headers) = ui.post("/ui/logout", &alice, &[]).await;
+    let (status, _, headers) = ui.post("/ui/logout", Some(&alice), &[]).await;
     assert_eq!(status, 303);
     assert!(
         headers["set-cookie"]
