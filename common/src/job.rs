@@ -266,6 +266,12 @@ impl JobSpec {
         }
     }
 
+    /// The team the job counts against (fair share, quotas, the report): its owner, or
+    /// `default` when it has none.
+    pub fn team(&self) -> &str {
+        self.owner.as_deref().unwrap_or("default")
+    }
+
     /// Checks every rule that needs no knowledge of the cluster.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.name.trim().is_empty() {

@@ -33,8 +33,7 @@ pub struct Filters {
 
 impl Filters {
     fn keep(&self, j: &JobView) -> bool {
-        let team = j.spec.owner.as_deref().unwrap_or("default");
-        (self.team.is_empty() || team == self.team)
+        (self.team.is_empty() || j.spec.team() == self.team)
             && (self.state.is_empty()
                 || j.state.as_str() == self.state
                 || (self.state == "active" && !j.state.is_finished()))
@@ -68,10 +67,7 @@ fn render_list(
     spec: &str,
 ) -> axum::response::Html<String> {
     let now = now_ms();
-    let mut teams: Vec<String> = jobs
-        .iter()
-        .map(|j| j.spec.owner.clone().unwrap_or_else(|| "default".to_owned()))
-        .collect();
+    let mut teams: Vec<String> = jobs.iter().map(|j| j.spec.team().to_owned()).collect();
     teams.sort();
     teams.dedup();
     let shown: Vec<&JobView> = jobs.iter().rev().filter(|j| f.keep(j)).collect();
@@ -104,7 +100,7 @@ fn render_list(
                             tr data-job=(j.id) {
                                 td.n { a href=(format!("/ui/jobs/{}", j.id)) { (j.id) } }
                                 td { a href=(format!("/ui/jobs/{}", j.id)) { (j.spec.name) } }
-                                td { (j.spec.owner.as_deref().unwrap_or("default")) }
+                                td { (j.spec.team()) }
                                 td { (page::badge(j.state.as_str())) }
                                 td.n { (j.spec.gpus * j.spec.nodes.max(1)) }
                                 td.n { (j.attempt) }
@@ -199,7 +195,7 @@ pub async fn show(
                     h2 { "Job" }
                     dl.kv {
                         dt { "id" } dd { (job.id) }
-                        dt { "team" } dd { (job.spec.owner.as_deref().unwrap_or("default")) }
+                        dt { "team" } dd { (job.spec.team()) }
                         dt { "image" } dd.mono { (job.image_digest.as_deref().unwrap_or(&job.spec.image)) }
                         dt { "GPUs" } dd { (job.spec.gpus) @if job.spec.nodes > 1 { " × " (job.spec.nodes) " nodes" } }
                         dt { "priority" } dd { (job.spec.priority) }

@@ -61,8 +61,7 @@ fn gpu_states(nodes: &[NodeView]) -> BTreeMap<&'static str, usize> {
 fn queue_by_team(jobs: &[JobView]) -> BTreeMap<String, (usize, usize, u64)> {
     let mut out: BTreeMap<String, (usize, usize, u64)> = BTreeMap::new();
     for j in jobs.iter().filter(|j| !j.state.is_finished()) {
-        let team = j.spec.owner.clone().unwrap_or_else(|| "default".to_owned());
-        let e = out.entry(team).or_default();
+        let e = out.entry(j.spec.team().to_owned()).or_default();
         match j.state {
             JobState::Queued => e.0 += 1,
             _ => e.1 += 1,
