@@ -140,6 +140,32 @@ async fn text(c: &Client, css: &str) -> Option<String> {
     c.find(Locator::Css(css)).await.ok()?.text().await.ok()
 }
 
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn type_into(c: &Client, css: &str, keys: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .send_keys(keys)
+        .await
+        .unwrap();
+}
+
+/// Waits for attribute `name` of `css` to read `want` (a state the page shows live).
+async fn until_attr(c: &Client, css: &str, name: &str, want: &str) {
+    until(c, &format!("{css} to be {want}"), STARTUP, || async {
+        attr(c, css, name).await.filter(|v| v == want)
+    })
+    .await;
+}
+
 fn conformance(file: &str) -> String {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
@@ -194,36 +220,16 @@ async fn a_researcher_follows_a_job_and_a_pipeline_in_the_browser() {
     // Without a token: the login page. With alice's: the overview, her name on it.
     c.goto(&format!("{url}/ui/jobs")).await.unwrap();
     assert!(c.current_url().await.unwrap().path().ends_with("/ui/login"));
-    c.find(Locator::Css("#token"))
-        .await
-        .unwrap()
-        .send_keys("nst_not_a_token")
-        .await
-        .unwrap();
-    c.find(Locator::Css("form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&c, "#token", "nst_not_a_token").await;
+    click(&c, "form button").await;
     until(&c, "an unknown token to be refused", STARTUP, || async {
         text(&c, "#login-error")
             .await
             .filter(|t| t.contains("unknown"))
     })
     .await;
-    c.find(Locator::Css("#token"))
-        .await
-        .unwrap()
-        .send_keys(&alice)
-        .await
-        .unwrap();
-    c.find(Locator::Css("form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&c, "#token", &alice).await;
+    click(&c, "form button").await;
     let who = until(&c, "alice to be logged in", STARTUP, || async {
         text(&c, "#who").await
     })
@@ -237,12 +243,7 @@ async fn a_researcher_follows_a_job_and_a_pipeline_in_the_browser() {
     // She submits a job through the form, and follows it to running, its log lines
     // appearing, without the page reloading.
     c.goto(&format!("{url}/ui/jobs")).await.unwrap();
-    c.find(Locator::Css("#submit > summary"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#submit > summary").await;
     let spec = JobSpec {
         owner: Some("nlp".into()),
         ..trainer_job("ui-train", 4, 1_000_000, 20, 100)
@@ -254,12 +255,7 @@ async fn a_researcher_follows_a_job_and_a_pipeline_in_the_browser() {
     )
     .await
     .unwrap();
-    c.find(Locator::Css("#submit-job"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#submit-job").await;
     let first = until(&c, "the job's page", STARTUP, || async {
         attr(&c, "#job-state", "data-state").await
     })
@@ -281,12 +277,7 @@ async fn a_researcher_follows_a_job_and_a_pipeline_in_the_browser() {
     c.execute("window.nightshiftStayed = true", vec![])
         .await
         .unwrap();
-    until(&c, "the job to be running", STARTUP, || async {
-        attr(&c, "#job-state", "data-state")
-            .await
-            .filter(|s| s == "running")
-    })
-    .await;
+    until_attr(&c, "#job-state", "data-state", "running").await;
     let log = until(&c, "the job's log lines", STARTUP, || async {
         text(&c, "#log")
             .await
@@ -332,12 +323,7 @@ async fn a_researcher_follows_a_job_and_a_pipeline_in_the_browser() {
     .click()
     .await
     .unwrap();
-    until(&c, "the job to be cancelled", STARTUP, || async {
-        attr(&c, "#job-state", "data-state")
-            .await
-            .filter(|s| s == "cancelled")
-    })
-    .await;
+    until_attr(&c, "#job-state", "data-state", "cancelled").await;
     assert!(c.find(Locator::Css("#cancel")).await.is_err());
     as_admin.cancel(theirs.id).await.unwrap();
 
@@ -353,12 +339,7 @@ async fn a_researcher_follows_a_job_and_a_pipeline_in_the_browser() {
     c.goto(&format!("{url}/ui/pipelines/{}", run.id))
         .await
         .unwrap();
-    until(&c, "the run to succeed", STARTUP, || async {
-        attr(&c, "#run-phase", "data-phase")
-            .await
-            .filter(|p| p == "Succeeded")
-    })
-    .await;
+    until_attr(&c, "#run-phase", "data-phase", "Succeeded").await;
     let steps = c.find_all(Locator::Css("#dag g.step")).await.unwrap();
     let mut drawn = Vec::new();
     for s in &steps {
