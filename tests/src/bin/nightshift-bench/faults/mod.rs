@@ -128,6 +128,10 @@ pub struct FaultsRun {
     /// Leave the rig up at the end (tests/cluster/down.sh removes it).
     #[arg(long)]
     keep: bool,
+    /// Size in MiB of the tmpfs that holds the coordinator's data (the disk-full fault fills
+    /// what is left of it): room for an hour's jobs and events.
+    #[arg(long, default_value_t = 256)]
+    coordinator_data_mb: u32,
 }
 
 /// One injected fault and what came of it.
@@ -248,7 +252,7 @@ pub async fn faults(args: FaultsRun) -> anyhow::Result<FaultsReport> {
         bail!("the fault harness needs root: the rig makes network namespaces and runs dockerd");
     }
     let repo = repo();
-    let rig = Arc::new(Rig::up(&repo, args.hosts, 64)?);
+    let rig = Arc::new(Rig::up(&repo, args.hosts, args.coordinator_data_mb)?);
     let result = run(&args, rig.clone()).await;
     if !args.keep
         && let Err(e) = Rig::down(&repo)
@@ -707,11 +711,11 @@ fn newest_mtime_ms(dir: &Path) -> Option<u64> {
 async fn short_partition(r: &mut Run) -> anyhow::Result<Injection> {
     let s = steady(r, Load::Night).await?;
     let host = lent_host(r, &s);
-    let before: Vec<String> = s.engines[host - 1]
+    let before: Vec<(String, Option<u64>)> = s.engines[host - 1]
         .iter()
         .flatten()
         .filter(|c| c.running)
-        .map(|c| c.name.clone())
+        .map(|c| (c.name.clone(), c.job))
         .collect();
     let preempted = preemptions(&s);
     let mut inj = injection(Kind::ShortPartition, format!("gpu{host} cut 5 s"));
@@ -722,7 +726,7 @@ async fn short_partition(r: &mut Run) -> anyhow::Result<Injection> {
     settle_into(r, &mut inj, healed).await;
     let s = Snapshot::take(&r.rig).await;
     // Nothing restarted and nothing was preempted: each container that ran before still
-    // runs, unless its job finished meanwhile.
+    // runs, unless its job finished meanwhile (and the agent may have removed it since).
     let finished: Vec<u64> = s
         .jobs
         .iter()
@@ -731,9 +735,9 @@ async fn short_partition(r: &mut Run) -> anyhow::Result<Injection> {
         .map(|j| j.id)
         .collect();
     let now: Vec<&rig::Seen> = s.engines[host - 1].iter().flatten().collect();
-    for name in &before {
+    for (name, job) in &before {
         let c = now.iter().find(|c| &c.name == name);
-        let ended_well = c.and_then(|c| c.job).is_some_and(|j| finished.contains(&j));
+        let ended_well = job.is_some_and(|j| finished.contains(&j));
         if !c.is_some_and(|c| c.running) && !ended_well {
             inj.violations
                 .push(format!("gpu{host}: {name} stopped during a 5 s cut"));
