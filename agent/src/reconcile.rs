@@ -475,7 +475,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     self.start_restores(&leases);
                     return Ok(true);
                 }
-                Step::FailStart { lease, message } => self.fail_start(&lease, message),
+                Step::FailStart {
+                    lease,
+                    message,
+                    refused_by_host: false,
+                } => self.fail_start(&lease, message),
+                Step::FailStart {
+                    lease,
+                    message,
+                    refused_by_host: true,
+                } => self.refuse_start(&lease, message),
                 Step::Remove(c) => self.remove(&c).await,
                 Step::Note(note) => self.note(note),
                 Step::GiveUp(stuck) => return Err(stuck.into()),
@@ -495,6 +504,18 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         self.mem
             .start_failures
             .insert(lease.lease_id, StartFailure::new(lease, reason));
+    }
+
+    /// Records that the host refuses to start `lease`'s job, for `reason` (its checkpoint
+    /// volume is short of space): reported as refused, so that no failure is counted.
+    fn refuse_start(&mut self, lease: &LeaseGrant, reason: String) {
+        tracing::warn!(
+            node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+            reason = %reason, "refusing to start a job"
+        );
+        self.mem
+            .start_failures
+            .insert(lease.lease_id, StartFailure::refused(lease, reason));
     }
 
     fn note(&self, note: Note) {

@@ -358,9 +358,13 @@ pub enum JobRunState {
         exit_code: i64,
         stopped_by_agent: bool,
     },
-    /// The container could not be created or started.
+    /// The container could not be created or started. `refused_by_host` is true when the
+    /// host refused it for a reason of its own (its checkpoint volume short of space), not
+    /// the job's: the coordinator queues the job again without counting a failure.
     FailedToStart {
         message: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        refused_by_host: bool,
     },
 }
 

@@ -1,5 +1,6 @@
 //! Host facts against the real Docker engine: a job is not started while the checkpoint
-//! volume is below the configured free-space floor, and the lease says why.
+//! volume is below the configured free-space floor, and the lease says why: refused by the
+//! host, which the coordinator does not count as the job's failure.
 
 use std::sync::Arc;
 
@@ -54,8 +55,12 @@ async fn a_job_is_not_started_below_the_checkpoint_space_floor() {
         .into_iter()
         .next()
         .expect("run reported");
-    let JobRunState::FailedToStart { message } = run.state else {
-        panic!("expected a start failure, got {:?}", run.state);
+    let JobRunState::FailedToStart {
+        message,
+        refused_by_host: true,
+    } = run.state
+    else {
+        panic!("expected a refusal by the host, got {:?}", run.state);
     };
     assert!(
         message.contains("536870912 bytes free") && message.contains("checkpoint_min_free_bytes"),

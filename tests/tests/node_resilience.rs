@@ -116,7 +116,9 @@ async fn a_refused_start_is_still_told_after_a_reclaim_takes_its_lease_back() {
             .runs
             .into_iter()
             .find_map(|r| match r.state {
-                nightshift_common::JobRunState::FailedToStart { message } if r.lease_id == 5 => {
+                nightshift_common::JobRunState::FailedToStart { message, .. }
+                    if r.lease_id == 5 =>
+                {
                     Some(message)
                 }
                 _ => None,

@@ -98,7 +98,17 @@ pub struct StartFailure {
 }
 
 impl StartFailure {
+    /// The job's own failure: its image is missing, its checkpoint cannot be restored.
     pub fn new(lease: &LeaseGrant, message: String) -> Self {
+        Self::reported(lease, message, false)
+    }
+
+    /// The host's refusal: its checkpoint volume is short of space.
+    pub fn refused(lease: &LeaseGrant, message: String) -> Self {
+        Self::reported(lease, message, true)
+    }
+
+    fn reported(lease: &LeaseGrant, message: String, refused_by_host: bool) -> Self {
         Self {
             run: JobRun {
                 job_id: lease.job_id,
@@ -106,7 +116,10 @@ impl StartFailure {
                 lease_id: lease.lease_id,
                 epoch: lease.epoch,
                 gpus: lease.gpus.clone(),
-                state: JobRunState::FailedToStart { message },
+                state: JobRunState::FailedToStart {
+                    message,
+                    refused_by_host,
+                },
                 last_checkpoint_at: None,
                 outputs: BTreeMap::new(),
                 image_id: None,
@@ -252,10 +265,12 @@ pub enum Step {
     /// replica (if any) still serves: the executor starts each restore in the background
     /// (once) and looks again a poll later. A restore that fails fails its lease's start.
     Restore(Vec<LeaseGrant>),
-    /// The lease's job cannot start, for this reason: reported as failed to start.
+    /// The lease's job cannot start, for this reason: reported as failed to start, or as
+    /// refused when the host is the reason (see [`StartFailure::refused`]).
     FailStart {
         lease: Box<LeaseGrant>,
         message: String,
+        refused_by_host: bool,
     },
     /// Keeps a finished job's output, then removes its container.
     Remove(Container),
@@ -331,6 +346,11 @@ pub fn plan(
     }
     let steps = if serve {
         crate::reclaim::plan(cfg, obs, mem, now)
+    } else if let Some(refusals) = refuse_short_of_space(cfg, leases, obs, mem) {
+        // Nothing is done for a job while its checkpoint volume is short of space: no pull,
+        // no restore, no drain. Refused at once, it goes back to the queue, and a replica
+        // that serves keeps serving (below, once every lease is refused).
+        refusals
     } else if let Some(pull) = pull(leases, obs, mem) {
         // Images are pulled before the drain begins: the replica serves during the pull,
         // and no GPU waits idle for one.
@@ -347,7 +367,8 @@ pub fn plan(
         && mem.phase.is_none()
     {
         // Every lease failed to start before the drain began (its image could not be
-        // pulled): the replica keeps serving until the coordinator hears and drops them.
+        // pulled, or the host refused it for want of checkpoint space): the replica keeps
+        // serving until the coordinator hears and drops them.
         Vec::new()
     } else if held_while_serving(leases, obs, mem) {
         // Gang members whose peers are not all ready (pulling still): the replica serves
@@ -423,10 +444,12 @@ fn start_jobs(
     let mut steps = Vec::new();
     let mut start = Vec::new();
     for lease in missing {
+        // The volume may have filled during the drain.
         match checkpoint_volume_short(cfg, obs) {
             Some(message) => steps.push(Step::FailStart {
                 lease: Box::new(lease.clone()),
                 message,
+                refused_by_host: true,
             }),
             None => start.push(lease.clone()),
         }
@@ -492,6 +515,27 @@ pub fn unstarted<'a>(
         .filter(|l| !jobs(containers).any(|c| lease_of(c) == Some(l.lease_id)))
         .filter(|l| !mem.start_failures.contains_key(&l.lease_id))
         .collect()
+}
+
+/// Refusals of the leases waiting to start, while the checkpoint volume is short of space.
+fn refuse_short_of_space(
+    cfg: &PlanConfig,
+    leases: &[LeaseGrant],
+    obs: &Observation,
+    mem: &Memory,
+) -> Option<Vec<Step>> {
+    let message = checkpoint_volume_short(cfg, obs)?;
+    let waiting = unstarted(leases, &obs.containers, mem);
+    (!waiting.is_empty()).then(|| {
+        waiting
+            .into_iter()
+            .map(|lease| Step::FailStart {
+                lease: Box::new(lease.clone()),
+                message: message.clone(),
+                refused_by_host: true,
+            })
+            .collect()
+    })
 }
 
 /// Why no job may start for lack of checkpoint space, if so.

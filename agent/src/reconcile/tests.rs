@@ -534,10 +534,10 @@ async fn start_failures_are_reported_and_kept_a_lease_ttl_after_unlisting() {
     lent.lease_ttl_ms = 5_000;
     rig.tell(lent).await;
     assert!(
-        matches!(rig.run_state(1), Some(JobRunState::FailedToStart { message }) if message.contains("missing:1"))
+        matches!(rig.run_state(1), Some(JobRunState::FailedToStart { message, refused_by_host: false }) if message.contains("missing:1"))
     );
     assert!(
-        matches!(rig.run_state(2), Some(JobRunState::FailedToStart { message }) if message.contains("exec format error"))
+        matches!(rig.run_state(2), Some(JobRunState::FailedToStart { message, refused_by_host: false }) if message.contains("exec format error"))
     );
     assert_eq!(rig.run_state(3), Some(JobRunState::Running));
     assert_eq!(rig.jobs().len(), 1, "the others go on");
@@ -568,7 +568,7 @@ async fn start_failures_are_reported_and_kept_a_lease_ttl_after_unlisting() {
     lent.lease_ttl_ms = 5_000;
     rig.tell(lent).await;
     assert!(
-        matches!(rig.run_state(4), Some(JobRunState::FailedToStart { message }) if message.contains("checkpoint_min_free_bytes"))
+        matches!(rig.run_state(4), Some(JobRunState::FailedToStart { message, refused_by_host: true }) if message.contains("checkpoint_min_free_bytes"))
     );
     assert_eq!(rig.jobs().len(), 1);
 }
@@ -782,7 +782,7 @@ async fn a_refused_pull_fails_its_lease_and_the_node_serves_or_runs_the_next() {
     let bad = pulled_lease(1, 1, vec![0, 1], REGISTRY_IMAGE);
     rig.tell(lend(2, vec![bad.clone()])).await;
     let failed = |rig: &Rig| match rig.run_state(1) {
-        Some(JobRunState::FailedToStart { message }) => message,
+        Some(JobRunState::FailedToStart { message, .. }) => message,
         other => panic!("expected a start failure, got {other:?}"),
     };
     let message = failed(&rig);

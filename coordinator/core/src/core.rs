@@ -434,12 +434,20 @@ impl Core {
                             })
                         }
                     }
-                    Some(JobRunState::FailedToStart { message }) => {
-                        Some(JobEvent::MemberStartFailed {
-                            lease: lease.id,
-                            message: message.clone(),
-                        })
-                    }
+                    Some(JobRunState::FailedToStart {
+                        message,
+                        refused_by_host: false,
+                    }) => Some(JobEvent::MemberStartFailed {
+                        lease: lease.id,
+                        message: message.clone(),
+                    }),
+                    Some(JobRunState::FailedToStart {
+                        message,
+                        refused_by_host: true,
+                    }) => Some(JobEvent::MemberRefused {
+                        lease: lease.id,
+                        message: format!("refused by node {node}: {message}"),
+                    }),
                     // Not reported although the agent has applied the state that granted it
                     // (or the lease was revoked): the container is gone.
                     None if lease.revoked || applied >= lease.granted_version.max(1) => {

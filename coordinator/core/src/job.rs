@@ -30,6 +30,9 @@ pub enum JobEvent {
     },
     /// A member's container could not be started, e.g. its image is missing.
     MemberStartFailed { lease: u64, message: String },
+    /// A member's host refused to start its container for a reason of its own (its
+    /// checkpoint volume is short of space). Not the job's fault: no failure is counted.
+    MemberRefused { lease: u64, message: String },
     /// A member's container is gone without finishing: stopped for a reclaim, vanished, or its
     /// lease expired with its node silent. Not the job's fault. `ran` is true when the agent
     /// reported the container itself (it exited): it existed, so its attempt began.
@@ -93,6 +96,7 @@ impl JobEvent {
             Self::Cancel => "cancel",
             Self::MemberExited { .. } => "exit",
             Self::MemberStartFailed { .. } => "fail to start",
+            Self::MemberRefused { .. } => "be refused by its host",
             Self::MemberLost { .. } => "lose a member",
             Self::RunLimit => "reach its run-time limit",
         }
@@ -111,6 +115,7 @@ impl JobEvent {
         match self {
             Self::MemberExited { lease, .. }
             | Self::MemberStartFailed { lease, .. }
+            | Self::MemberRefused { lease, .. }
             | Self::MemberLost { lease, .. } => Some(*lease),
             _ => None,
         }
@@ -346,6 +351,17 @@ impl Job {
                 self.message = Some(message);
                 if last { self.requeue(now) } else { Preempting }
             }
+            (Starting | Running, JobEvent::MemberRefused { message, .. }) => {
+                self.message = Some(message);
+                if last { self.refused(now) } else { Preempting }
+            }
+            (Preempting, JobEvent::MemberRefused { .. }) => {
+                if last {
+                    self.refused(now)
+                } else {
+                    Preempting
+                }
+            }
             // A member that cannot start fails the attempt, preempted or not: requeued as a
             // preemption, it would be lent again and again, never spending its retries.
             (Preempting, JobEvent::MemberStartFailed { message, .. }) => {
@@ -368,7 +384,8 @@ impl Job {
                 Failing,
                 JobEvent::MemberExited { .. }
                 | JobEvent::MemberLost { .. }
-                | JobEvent::MemberStartFailed { .. },
+                | JobEvent::MemberStartFailed { .. }
+                | JobEvent::MemberRefused { .. },
             ) => {
                 if last {
                     self.fail_or_retry(now)
@@ -380,7 +397,8 @@ impl Job {
                 Cancelling,
                 JobEvent::MemberExited { .. }
                 | JobEvent::MemberLost { .. }
-                | JobEvent::MemberStartFailed { .. },
+                | JobEvent::MemberStartFailed { .. }
+                | JobEvent::MemberRefused { .. },
             ) => {
                 if last {
                     self.finish(now, Cancelled)
@@ -461,6 +479,15 @@ impl Job {
         self.preemptions += 1;
         self.message.get_or_insert_with(|| "preempted".to_owned());
         JobState::Queued
+    }
+
+    /// Refused by its host (see [`JobEvent::MemberRefused`]): back to the queue as after a
+    /// preemption, and placed again only after its first retry backoff, so that a host still
+    /// short of space is not asked again at once.
+    fn refused(&mut self, now: UnixMillis) -> JobState {
+        let state = self.requeue(now);
+        self.not_before = Some(now + self.spec.retry.backoff_ms(1));
+        state
     }
 
     /// A failure: retried after its backoff while the retry budget lasts.

@@ -5,7 +5,7 @@ mod sim;
 
 use nightshift_common::{JobState, NodeMode};
 use nightshift_core::{Core, CoreSnapshot, Effect, Violation};
-use sim::{Cluster, config, spec, states};
+use sim::{Cluster, TICK_MS, config, spec, states};
 
 fn modes(c: &Cluster) -> String {
     c.core
@@ -382,6 +382,40 @@ fn a_lease_taken_back_after_its_container_ran_is_still_a_preemption() {
 }
 
 #[test]
+fn a_job_its_host_refuses_waits_its_backoff_without_a_failure() {
+    let mut c = Cluster::new(config(0), &[("a", 4)]);
+    c.agent("a").short_of_space = true;
+    let mut job = spec("big-checkpoints", 4);
+    job.retry.limit = 0;
+    c.core.submit(c.now, job).unwrap();
+    step_until(&mut c, "1:starting#1", 20);
+    c.run(1);
+    let job = c.core.job(1).unwrap();
+    assert_eq!(
+        (job.state, job.attempt, job.failures, job.preemptions),
+        (JobState::Queued, 1, 0, 0),
+        "no failure, no preemption: {job:?}"
+    );
+    assert!(
+        job.message
+            .as_deref()
+            .is_some_and(|m| m.contains("refused by node a") && m.contains("short of space")),
+        "{job:?}"
+    );
+    // Not asked again before its retry backoff (10 s by default) from the heartbeat that
+    // reported the refusal, one tick ago...
+    let refused_at = c.now - TICK_MS;
+    while c.now < refused_at + 10_000 {
+        assert_eq!(states(&c), "1:queued#1", "at {} ms", c.now - refused_at);
+        c.run(1);
+    }
+    // ...then placed again, and started now that the host has room.
+    c.agent("a").short_of_space = false;
+    step_until(&mut c, "1:running#1", 10);
+    assert_eq!(c.core.job(1).unwrap().failures, 0);
+}
+
+#[test]
 fn a_member_that_cannot_start_fails_its_attempt_even_while_preempted() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
     let mut job = spec("bad", 4);
@@ -401,6 +435,7 @@ fn a_member_that_cannot_start_fails_its_attempt_even_while_preempted() {
         gpus: lease.gpus.clone(),
         state: nightshift_common::JobRunState::FailedToStart {
             message: "the container engine refused container x: not a directory".into(),
+            refused_by_host: false,
         },
         last_checkpoint_at: None,
         outputs: Default::default(),

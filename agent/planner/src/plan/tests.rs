@@ -296,14 +296,55 @@ fn jobs_start_only_once_nvml_shows_their_gpus_free() {
         plan(&cfg, Some(&lend), &l, &obs, &waiting, soon),
         [Step::StartJobs(l.to_vec()), Step::Enter(None)]
     );
-    // Short of checkpoint space: reported as failed to start instead.
+    // Short of checkpoint space: refused by the host instead.
     obs.checkpoint_free_bytes = Some(GIB / 2);
     let steps = plan(&cfg, Some(&lend), &l, &obs, &waiting, soon);
     assert!(
-        matches!(&steps[0], Step::FailStart { lease, message } if lease.lease_id == 1 && message.contains("checkpoint_min_free_bytes")),
+        matches!(&steps[..], [Step::FailStart { lease, message, refused_by_host: true }] if lease.lease_id == 1 && message.contains("checkpoint_min_free_bytes")),
         "{steps:?}"
     );
-    assert_eq!(steps[1], Step::StartJobs(Vec::new()));
+}
+
+#[test]
+fn a_host_short_of_checkpoint_space_refuses_jobs_before_the_drain() {
+    let (cfg, t0) = (cfg(), t0());
+    let l = [lease(1, 1, vec![0, 1]), lease(2, 1, vec![2, 3])];
+    let lend = desired(false, &l);
+    let mut obs = serving_host(3.0, 70 * GIB);
+    obs.checkpoint_free_bytes = Some(GIB / 2);
+    let mut serving = memory(ReplicaState::Serving, None);
+    // No drain, no pull: both leases are refused, saying why.
+    let steps = plan(&cfg, Some(&lend), &l, &obs, &serving, t0);
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    for (step, want) in steps.iter().zip([1, 2]) {
+        assert!(
+            matches!(step, Step::FailStart { lease, message, refused_by_host: true }
+                if lease.lease_id == want && message.contains("below the floor of 1073741824")),
+            "{step:?}"
+        );
+    }
+    // Once they are refused, the replica serves on until the coordinator drops them.
+    for lease in &l {
+        serving.start_failures.insert(
+            lease.lease_id,
+            StartFailure::refused(lease, "short of space".into()),
+        );
+    }
+    assert_eq!(plan(&cfg, Some(&lend), &l, &obs, &serving, t0), []);
+    // With room again, a new lease drains the replica as usual.
+    obs.checkpoint_free_bytes = Some(2 * GIB);
+    let again = [lease(3, 2, vec![0, 1])];
+    assert_eq!(
+        plan(
+            &cfg,
+            Some(&desired(false, &again)),
+            &again,
+            &obs,
+            &serving,
+            t0
+        )[0],
+        Step::Replica(ReplicaEvent::DrainBegan)
+    );
 }
 
 #[test]

@@ -88,6 +88,8 @@ pub struct SimAgent {
     pub pulling: std::collections::BTreeSet<u64>,
     /// Jobs whose image the agent cannot pull: their members fail to start.
     pub pull_fails: std::collections::BTreeSet<u64>,
+    /// The host's checkpoint volume is short of space: it refuses every job it is leased.
+    pub short_of_space: bool,
 }
 
 impl SimAgent {
@@ -114,6 +116,7 @@ impl SimAgent {
             checkpoint_storage: CheckpointStorage::Local,
             pulling: Default::default(),
             pull_fails: Default::default(),
+            short_of_space: false,
         }
     }
 
@@ -216,6 +219,13 @@ impl SimAgent {
                 if r.state == JobRunState::Pending && self.pull_fails.contains(&r.job_id) {
                     r.state = JobRunState::FailedToStart {
                         message: format!("pulling the image of job {} failed", r.job_id),
+                        refused_by_host: false,
+                    };
+                }
+                if r.state == JobRunState::Pending && self.short_of_space {
+                    r.state = JobRunState::FailedToStart {
+                        message: "the checkpoint volume is short of space".into(),
+                        refused_by_host: true,
                     };
                 }
                 r.ready = r.state == JobRunState::Pending && !self.pulling.contains(&r.job_id);
