@@ -81,9 +81,15 @@ async fn same_seed_prints_identical_json() {
             "lost_gpu_hours",
             "equivalent_gpus",
             "savings",
+            "capacity_minutes",
+            "queue_wait_minutes",
+            "minute_p99_wait_ms",
         ] {
             assert!(p[key].is_number(), "{key} missing in {p}");
         }
+        // The gate is the queue wait users feel.
+        assert_eq!(p["slo_violation_minutes"], p["queue_wait_minutes"], "{p}");
+        assert_eq!(p["worst_wait_s_per_day"].as_array().map(Vec::len), Some(1));
         assert_eq!(p["invariant_violations"], 0, "{p}");
     }
 }

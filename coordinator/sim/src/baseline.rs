@@ -3,6 +3,7 @@
 
 use crate::model::ReplicaModel;
 use crate::plan::Window;
+use crate::timeline::MinuteSample;
 
 /// Replicas each minute needs: the minute's mean arrival rate over one replica's capacity
 /// at its target utilisation, rounded up, at least `floor`.
@@ -22,6 +23,21 @@ pub fn oracle_gpu_hours(need: &[u32], nodes: u32, gpus_per_node: u32) -> f64 {
     need.iter()
         .map(|&n| f64::from(nodes.saturating_sub(n) * gpus_per_node) / 60.0)
         .sum()
+}
+
+/// The oracle's run minute by minute: exactly the need serves, every other node is lent.
+pub fn oracle_timeline(arrivals: &[u32], need: &[u32], nodes: u32) -> Vec<MinuteSample> {
+    arrivals
+        .chunks(60)
+        .zip(need)
+        .map(|(a, &n)| MinuteSample {
+            arrivals: a.iter().map(|&a| f64::from(a)).sum(),
+            min_ready: n.min(nodes),
+            max_up: n.min(nodes),
+            max_lent: nodes.saturating_sub(n),
+            ..MinuteSample::default()
+        })
+        .collect()
 }
 
 /// Slots of the day a window may start or end on.

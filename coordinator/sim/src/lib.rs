@@ -22,6 +22,7 @@ mod par;
 pub mod plan;
 pub mod report;
 pub mod rng;
+pub mod timeline;
 pub mod trace;
 pub mod world;
 
@@ -170,10 +171,14 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
             }
             Policy::Oracle => {
                 let all = figures.oracle_gpu_hours;
-                let o = Outcome {
-                    slo_minutes_per_day: vec![0; cfg.horizon_s().div_ceil(86_400) as usize],
+                let days = cfg.horizon_s().div_ceil(86_400) as usize;
+                let mut o = Outcome {
+                    slo_minutes_per_day: vec![0; days],
+                    timeline: baseline::oracle_timeline(&arrivals, &need, cfg.nodes),
                     ..Outcome::default()
                 };
+                o.waits.worst_s_per_day = vec![0.0; days];
+                o.waits.minute_p99_s = vec![0.0; need.len()];
                 figures.result(policy.name(), all, all, 0.0, &o, None)
             }
         }
@@ -203,5 +208,6 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
             trace_gaps_filled: cfg.fill_trace_gaps,
         },
         policies: results,
+        need,
     })
 }

@@ -142,6 +142,16 @@ impl SimNode {
         self.phase == Phase::Serving
     }
 
+    /// The replica serves or is starting to (the serving floor counts these).
+    pub fn up(&self) -> bool {
+        matches!(self.phase, Phase::Serving | Phase::Starting { .. })
+    }
+
+    /// A job runs (or is saving on its signal) on the host's GPUs: the host is lent.
+    pub fn lent(&self) -> bool {
+        self.runs.iter().any(Run::live)
+    }
+
     /// The replica holds its GPUs in every phase but `Released`.
     pub fn replica_holds_gpus(&self) -> bool {
         self.phase != Phase::Released

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::plan::Window;
+use crate::timeline::MinuteSample;
 use crate::trace::Gap;
 use crate::world::Outcome;
 
@@ -23,6 +24,11 @@ pub struct PolicyResult {
     pub capacity_minutes: u64,
     pub queue_wait_minutes: u64,
     pub slo_violation_minutes_per_day: Vec<u64>,
+    /// Per day, the longest any request waited, seconds.
+    pub worst_wait_s_per_day: Vec<f64>,
+    /// Each minute's 99th-percentile wait, at its 99th percentile over the run's minutes
+    /// with requests, milliseconds.
+    pub minute_p99_wait_ms: f64,
     pub jobs_completed: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<String>,
@@ -30,6 +36,17 @@ pub struct PolicyResult {
     pub invariant_examples: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The run minute by minute, for the charts (not in the JSON).
+    #[serde(skip)]
+    pub timeline: Timeline,
+}
+
+/// One policy's run minute by minute.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timeline {
+    pub minutes: Vec<MinuteSample>,
+    /// Each minute's 99th-percentile wait, seconds.
+    pub p99_wait_s: Vec<f32>,
 }
 
 /// What the whole run was.
@@ -57,6 +74,9 @@ pub struct RunInfo {
 pub struct Report {
     pub run: RunInfo,
     pub policies: Vec<PolicyResult>,
+    /// Replicas each minute needs (the same for every policy; not in the JSON).
+    #[serde(skip)]
+    pub need: Vec<u32>,
 }
 
 fn round(x: f64, places: i32) -> f64 {
@@ -109,6 +129,13 @@ impl Figures {
             capacity_minutes: o.capacity_minutes,
             queue_wait_minutes: o.queue_wait_minutes,
             slo_violation_minutes_per_day: o.slo_minutes_per_day.clone(),
+            worst_wait_s_per_day: o
+                .waits
+                .worst_s_per_day
+                .iter()
+                .map(|&w| round(w, 3))
+                .collect(),
+            minute_p99_wait_ms: round(o.waits.p99_of_minute_p99_s * 1_000.0, 1),
             jobs_completed: o.ledger.completed,
             window: window.map(|w| {
                 format!(
@@ -123,7 +150,23 @@ impl Figures {
             invariant_violations: o.violation_count,
             invariant_examples: o.violations.clone(),
             note: None,
+            timeline: Timeline {
+                minutes: o.timeline.clone(),
+                p99_wait_s: o.waits.minute_p99_s.clone(),
+            },
         }
+    }
+}
+
+/// The policies that are not the product's: what `nightshift` is compared with.
+const BASELINES: [&str; 3] = ["fixed-window", "night-20-08", "reactive"];
+
+fn baseline_kind(name: &str) -> &'static str {
+    match name {
+        "fixed-window" => "one daily window and lent count chosen with hindsight",
+        "night-20-08" => "the literal 20:00-08:00 window",
+        "reactive" => "the core without prediction",
+        _ => "",
     }
 }
 
@@ -157,6 +200,34 @@ impl Report {
         ))
     }
 
+    /// What the policies compare against, each named for what it is: the foresight oracle
+    /// (an upper bound on every policy's useful GPU-hours) and the best of the baselines
+    /// run, by useful GPU-hours among those within the SLO gate.
+    pub fn references(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if let Some(o) = self.policies.iter().find(|p| p.name == "oracle") {
+            lines.push(format!(
+                "upper bound: oracle, perfect foresight and free transitions: {:.1} useful GPU-h (ratio 1)",
+                o.useful_gpu_hours
+            ));
+        }
+        let best = self
+            .policies
+            .iter()
+            .filter(|p| BASELINES.contains(&p.name.as_str()) && p.slo_violation_minutes == 0)
+            .max_by(|a, b| a.useful_gpu_hours.total_cmp(&b.useful_gpu_hours));
+        if let Some(b) = best {
+            lines.push(format!(
+                "best baseline within the SLO gate: {} ({}): {:.1} useful GPU-h (ratio {:.3})",
+                b.name,
+                baseline_kind(&b.name),
+                b.useful_gpu_hours,
+                b.harvest_ratio
+            ));
+        }
+        lines
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
@@ -179,13 +250,16 @@ impl Report {
             s.push_str(&format!("trace gaps: {gaps}\n\n"));
         }
         s.push_str(&format!(
-            "{:<13} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}\n",
+            "{:<13} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6}\n",
             "POLICY",
             "HARVESTED",
             "USEFUL",
             "ORACLE",
             "RATIO",
             "SLO-MIN",
+            "CAP-MIN",
+            "WORST-S",
+            "P99-MS",
             "PREEMPT",
             "LOST",
             "EQ-GPUS",
@@ -194,19 +268,30 @@ impl Report {
         ));
         for p in &self.policies {
             s.push_str(&format!(
-                "{:<13} {:>10.1} {:>10.1} {:>10.1} {:>7.3} {:>8} {:>8} {:>8.1} {:>8.1} {:>10.0} {:>6}\n",
+                "{:<13} {:>10.1} {:>10.1} {:>10.1} {:>7.3} {:>8} {:>8} {:>9.1} {:>8.0} {:>8} {:>8.1} {:>8.1} {:>10.0} {:>6}\n",
                 p.name,
                 p.harvested_gpu_hours,
                 p.useful_gpu_hours,
                 p.oracle_gpu_hours,
                 p.harvest_ratio,
                 p.slo_violation_minutes,
+                p.capacity_minutes,
+                p.worst_wait_s_per_day.iter().copied().fold(0.0, f64::max),
+                p.minute_p99_wait_ms,
                 p.preemptions,
                 p.lost_gpu_hours,
                 p.equivalent_gpus,
                 p.savings,
                 p.invariant_violations
             ));
+        }
+        s.push_str(
+            "\nSLO-MIN: minutes whose requests waited over 2 s on average or found no ready replica (the gate); \
+             CAP-MIN: minutes with fewer ready replicas than the need at some second (planning); \
+             WORST-S: the longest wait of the run, s; P99-MS: each minute's p99 wait, its p99 over the run, ms\n",
+        );
+        for line in self.references() {
+            s.push_str(&format!("{line}\n"));
         }
         for p in &self.policies {
             if let Some(w) = &p.window {

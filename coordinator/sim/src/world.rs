@@ -13,6 +13,7 @@ use crate::controller::Controller;
 use crate::fault::{Fault, FaultKind};
 use crate::ledger::Ledger;
 use crate::node::{Outage, Phase, SimNode, StepCtx};
+use crate::timeline::{MinuteSample, Waits};
 
 /// Simulated time of trace second 0 (midnight of day 1). Any fixed value works; a realistic
 /// epoch keeps the core's arithmetic on timestamps like production's.
@@ -25,12 +26,20 @@ const VIOLATIONS_KEPT: usize = 20;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcome {
     pub ledger: Ledger,
+    /// The SLO gate: minutes whose requests waited longer than the target on average, or
+    /// in which a request found no ready replica (the same minutes as `queue_wait_minutes`).
     pub slo_violation_minutes: u64,
-    /// Minutes with fewer ready replicas than the load needed.
+    /// Minutes with fewer ready replicas than the load needed at some second: a planning
+    /// signal, not the gate.
     pub capacity_minutes: u64,
-    /// Minutes whose requests waited longer than the target on average.
+    /// Minutes whose requests waited longer than the target on average, or found no ready
+    /// replica.
     pub queue_wait_minutes: u64,
     pub slo_minutes_per_day: Vec<u64>,
+    /// The wait of each second's arrivals, and what follows from it.
+    pub waits: Waits,
+    /// One sample per simulated minute, for the charts.
+    pub timeline: Vec<MinuteSample>,
     pub violations: Vec<String>,
     pub violation_count: u64,
 }
@@ -51,12 +60,19 @@ pub struct World<'a> {
     out: Outcome,
     /// Requests waiting at the gateway and in the replicas' queues.
     queued: f64,
+    /// Seconds since the last with a ready replica, each with the queue it left behind: their
+    /// arrivals' wait is known once a replica is ready again.
+    starved: Vec<(u64, f64)>,
+    /// Preemptions up to the end of the last minute closed.
+    preempted: u64,
 }
 
 /// Per-minute SLO bookkeeping.
 #[derive(Default)]
 struct Minute {
     min_ready: Option<usize>,
+    max_up: usize,
+    max_lent: usize,
     arrivals: f64,
     wait_sum_s: f64,
     starved: bool,
@@ -91,6 +107,8 @@ impl<'a> World<'a> {
             backlog: Backlog::new(cfg.mix.clone(), cfg.seed),
             out,
             queued: 0.0,
+            starved: Vec::new(),
+            preempted: 0,
         }
     }
 
@@ -100,6 +118,8 @@ impl<'a> World<'a> {
         let mut minute = Minute::default();
         let days = horizon.div_ceil(86_400) as usize;
         self.out.slo_minutes_per_day = vec![0; days];
+        self.out.waits = Waits::new(horizon as usize);
+        self.out.timeline.reserve(horizon.div_ceil(60) as usize);
         for s in 0..horizon {
             let now = ORIGIN + s * 1_000;
             while let Some(f) = self.faults.get(next_fault).filter(|f| f.at_s <= s) {
@@ -119,10 +139,15 @@ impl<'a> World<'a> {
                 self.close_minute(s / 60, std::mem::take(&mut minute));
             }
         }
+        // Arrivals still waiting for a ready replica at the end waited at least until then.
+        for (t, _) in std::mem::take(&mut self.starved) {
+            self.out.waits.set(t, (horizon - t) as f64);
+        }
         let end = ORIGIN + horizon * 1_000;
         for n in &mut self.nodes {
             n.finish_accounting(end, &self.jobs, &mut self.out.ledger);
         }
+        self.out.waits.summarise(self.arrivals);
         self.out
     }
 
@@ -164,19 +189,38 @@ impl<'a> World<'a> {
     /// The second's arrivals meet the ready replicas (a fluid FIFO queue).
     fn serve(&mut self, s: u64, minute: &mut Minute) {
         let model = &self.cfg.replica;
-        let ready = self.nodes.iter().filter(|n| n.ready()).count();
+        let (mut ready, mut up, mut lent) = (0, 0, 0);
+        for n in &self.nodes {
+            ready += usize::from(n.ready());
+            up += usize::from(n.up());
+            lent += usize::from(n.lent());
+        }
         let arrived = f64::from(self.arrivals[s as usize]);
         let capacity = ready as f64 * model.capacity_rps();
         let offered = self.queued + arrived;
         let served = offered.min(capacity);
         self.queued = offered - served;
         minute.min_ready = Some(minute.min_ready.map_or(ready, |m| m.min(ready)));
+        minute.max_up = minute.max_up.max(up);
+        minute.max_lent = minute.max_lent.max(lent);
         minute.arrivals += arrived;
         if ready == 0 {
             minute.starved |= arrived > 0.0 || self.queued > 0.0;
+            if arrived > 0.0 {
+                self.starved.push((s, self.queued));
+            }
         } else {
+            // Requests that found no ready replica are the head of the queue: each waited
+            // from its second until now, then for the queue ahead of it beyond what the
+            // ready replicas serve this second.
+            for (t, ahead) in std::mem::take(&mut self.starved) {
+                let rest = (ahead - capacity).max(0.0) / capacity;
+                self.out.waits.set(t, (s - t) as f64 + rest);
+            }
             // A request arriving now waits for the queue ahead of it to drain.
-            minute.wait_sum_s += arrived * self.queued / capacity;
+            let wait_s = self.queued / capacity;
+            minute.wait_sum_s += arrived * wait_s;
+            self.out.waits.set(s, wait_s);
             let running = (served / ready as f64 * model.latency_s()).min(model.max_seqs);
             let waiting = self.queued / ready as f64;
             for n in self.nodes.iter_mut().filter(|n| n.ready()) {
@@ -319,7 +363,19 @@ impl<'a> World<'a> {
         let slow = m.starved || wait_ms > self.cfg.replica.queue_wait_target_ms;
         self.out.capacity_minutes += u64::from(short);
         self.out.queue_wait_minutes += u64::from(slow);
-        if short || slow {
+        let preempted = self.out.ledger.preemptions;
+        self.out.timeline.push(MinuteSample {
+            arrivals: m.arrivals,
+            min_ready: m.min_ready.unwrap_or(0) as u32,
+            max_up: m.max_up as u32,
+            max_lent: m.max_lent as u32,
+            capacity_short: short,
+            slo_violated: slow,
+            preemptions: (preempted - self.preempted) as u32,
+        });
+        self.preempted = preempted;
+        // The gate is the wait users feel; capacity minutes are a planning signal.
+        if slow {
             self.out.slo_violation_minutes += 1;
             if let Some(d) = self
                 .out
