@@ -262,6 +262,10 @@ async fn execute(
         Command::Demo => return Ok(crate::demo::run(json)?),
         Command::Simulate(args) => {
             let report = crate::simulate::run(args)?;
+            if let Some(path) = &args.html {
+                let page = crate::simchart::page(&report).map_err(std::io::Error::other)?;
+                std::fs::write(path, page)?;
+            }
             print(out, json, &report, || report.to_table())?;
         }
         Command::Lint { file } => return crate::lint::run(file, stdin, out, json),

@@ -44,6 +44,10 @@ pub struct SimulateArgs {
     /// recorded, without traffic (docs/SIMULATOR.md, "Gaps in a trace").
     #[arg(long)]
     pub fill_trace_gaps: bool,
+    /// Also write an HTML page with one chart per policy of the run over time (offline,
+    /// no script).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<std::path::PathBuf>,
     /// Policies to compare (comma-separated); all by default.
     #[arg(
         long,

@@ -95,6 +95,61 @@ async fn same_seed_prints_identical_json() {
 }
 
 #[tokio::test]
+async fn the_html_report_holds_one_chart_per_policy_and_nothing_from_outside() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = trace_file(&dir);
+    let page = |name: &str, policies: &str| {
+        let path = dir.path().join(name);
+        let path_s = path.display().to_string();
+        let trace = trace.clone();
+        let policies = policies.to_owned();
+        async move {
+            let args = [
+                "--trace",
+                &trace,
+                "--days",
+                "0.5",
+                "--nodes",
+                "4",
+                "--peak-replicas",
+                "3",
+                "--seed",
+                "9",
+                "--cold-start-s",
+                "60",
+                "--policies",
+                &policies,
+                "--html",
+                &path_s,
+            ];
+            let (code, out, err) = simulate(&args).await;
+            assert_eq!(code, 0, "{err}");
+            (std::fs::read_to_string(&path).unwrap(), out)
+        }
+    };
+    let all = "nightshift,fixed-window,night-20-08,reactive,oracle";
+    let (html, table) = page("a.html", all).await;
+    // The same seed draws the same page, byte for byte.
+    assert_eq!(html, page("b.html", all).await.0);
+    assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..80]);
+    assert_eq!(html.matches("<svg").count(), 5);
+    assert_eq!(html.matches("<section class=\"policy\"").count(), 5);
+    for name in all.split(',') {
+        assert!(html.contains(&format!("<h2>{name}</h2>")), "{name}");
+        assert!(table.contains(name));
+    }
+    // Each chart draws its series: five lines (load, up, ready, lent, preemptions) at least.
+    assert!(html.matches("<polyline").count() >= 5 * 5, "too few lines");
+    // Offline: no script and nothing loaded from elsewhere.
+    for outside in ["<script", "src=", "href=", "@import", "url("] {
+        assert!(!html.contains(outside), "the page holds {outside}");
+    }
+    // A subset of the policies gives a chart each.
+    let (two, _) = page("c.html", "reactive,oracle").await;
+    assert_eq!(two.matches("<svg").count(), 2);
+}
+
+#[tokio::test]
 async fn bad_input_is_refused_with_exit_code_2() {
     let (code, _, err) = simulate(&["--trace", "nowhere:/x"]).await;
     assert_eq!(code, 2);
