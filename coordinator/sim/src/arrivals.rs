@@ -39,8 +39,21 @@ pub fn per_second(trace: &Trace, scale: f64, horizon_s: u64, seed: u64) -> Vec<u
                 }
             };
             // Each client draws from its own stream and a sum does not depend on its order,
-            // so the total is the same on any number of cores.
-            let parts = par::fold(clients.len(), || vec![0u32; horizon_s as usize], client);
+            // so the total is the same on any number of cores. The costliest clients start
+            // first, so that no core is left with a long one at the end.
+            let cost = |c: usize| -> f64 {
+                clients[c]
+                    .iter()
+                    .map(|w| draws(w.rate * scale, w.law, *window_s))
+                    .sum()
+            };
+            let mut order: Vec<(f64, usize)> = (0..clients.len()).map(|c| (cost(c), c)).collect();
+            order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let parts = par::fold(
+                order.len(),
+                || vec![0u32; horizon_s as usize],
+                |counts, k| client(counts, order[k].1),
+            );
             for part in parts {
                 for (total, n) in counts.iter_mut().zip(part) {
                     *total += n;
@@ -82,6 +95,18 @@ pub fn cv2(law: Interarrival) -> f64 {
             let m = gamma_fn(1.0 + 1.0 / shape);
             gamma_fn(1.0 + 2.0 / shape) / (m * m) - 1.0
         }
+    }
+}
+
+/// The random draws `window` makes for a window of `window_s` seconds at `rate`: one per
+/// request, or one per second above the exact limit.
+fn draws(rate: f64, law: Interarrival, window_s: u64) -> f64 {
+    if rate <= 0.0 {
+        0.0
+    } else if rate >= EXACT_LIMIT * cv2(law).max(1.0) {
+        window_s as f64
+    } else {
+        rate * window_s as f64
     }
 }
 
