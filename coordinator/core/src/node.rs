@@ -107,25 +107,30 @@ impl Node {
     }
 
     /// How long the latest reclaim recorded among the kept phases took: the latest
-    /// `stop_jobs`, `confirm_free`, `start_replica` and `wait_health` phases of reclaims,
-    /// summed; none until a replica start was recorded (the part no reclaim can skip).
+    /// `stop_jobs`, `confirm_free`, replica (`start_replica`, or `wake_replica` for a
+    /// replica lent asleep) and `wait_health` phases of reclaims, summed; none until a
+    /// replica start or wake was recorded (the part no reclaim can skip).
     pub fn reclaim_ms(&self) -> Option<u64> {
         self.reclaim_ms
     }
 
     fn latest_reclaim_ms(&self) -> Option<u64> {
-        const PHASES: [&str; 4] = ["stop_jobs", "confirm_free", "start_replica", "wait_health"];
-        let latest = |phase: &str| {
+        const PHASES: [&str; 3] = ["stop_jobs", "confirm_free", "wait_health"];
+        let latest = |phase: &dyn Fn(&str) -> bool| {
             self.phases
                 .iter()
                 .rev()
-                .find(|p| {
-                    p.sequence == nightshift_common::SequenceKind::Reclaim && p.phase == phase
-                })
+                .find(|p| p.sequence == nightshift_common::SequenceKind::Reclaim && phase(&p.phase))
                 .map(|p| p.duration_ms)
         };
-        latest("start_replica")?;
-        Some(PHASES.iter().filter_map(|p| latest(p)).sum())
+        let replica = latest(&|p| p == "start_replica" || p == "wake_replica")?;
+        Some(
+            replica
+                + PHASES
+                    .iter()
+                    .filter_map(|&name| latest(&|p| p == name))
+                    .sum::<u64>(),
+        )
     }
 
     /// Heard from within `ttl_ms`. A node never heard from since the coordinator started
@@ -275,6 +280,26 @@ mod tests {
             started_at: 0,
             duration_ms: 1,
         }
+    }
+
+    #[test]
+    fn the_reclaim_lead_counts_a_wake_as_the_replica_phase() {
+        let timed = |seq: u64, name: &str, ms: u64| PhaseRecord {
+            duration_ms: ms,
+            ..phase(1, seq, name)
+        };
+        let mut n = Node::new("a", "llm", Vec::new(), 0);
+        n.record_phases(&[timed(1, "stop_jobs", 20_000)]);
+        assert_eq!(n.reclaim_ms(), None, "no replica start or wake yet");
+        // A replica lent asleep comes back by a wake: the lead is the jobs' stop and the wake.
+        n.record_phases(&[
+            timed(2, "wake_replica", 6_000),
+            timed(3, "wait_health", 500),
+        ]);
+        assert_eq!(n.reclaim_ms(), Some(26_500));
+        // A later cold start replaces the wake: the latest replica phase counts.
+        n.record_phases(&[timed(4, "start_replica", 225_000)]);
+        assert_eq!(n.reclaim_ms(), Some(245_500));
     }
 
     fn kept(n: &Node) -> Vec<(u64, String)> {
