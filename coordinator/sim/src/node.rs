@@ -6,13 +6,13 @@
 use std::collections::BTreeMap;
 
 use nightshift_common::{
-    DesiredNode, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, LeaseGrant, ReplicaState,
-    ReplicaStatus, ServingSignals, UnixMillis,
+    DesiredNode, GpuInfo, GpuStatus, Heartbeat, JobRun, JobRunState, LeaseGrant, PhaseRecord,
+    ReplicaState, ReplicaStatus, SequenceKind, ServingSignals, UnixMillis,
 };
 
 use crate::backlog::SimJob;
 use crate::ledger::Ledger;
-use crate::model::Lifecycle;
+use crate::model::{Lifecycle, Release};
 
 /// The replica's phase; `until` is when a timed phase ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +91,17 @@ pub struct SimNode {
     pub stepped: bool,
     /// The last one-owner check of this host found nothing wrong.
     pub owners_ok: bool,
+    /// The reclaim under way: when the agent saw it, and when its replica began to start
+    /// (or wake).
+    reclaim_began: Option<UnixMillis>,
+    start_began: Option<UnixMillis>,
+    /// The phases of the latest reclaims, resent in every heartbeat as the real agent does
+    /// (the coordinator keeps each once, by `seq`), from which it measures the reclaim lead.
+    phases: Vec<PhaseRecord>,
 }
+
+/// Reclaim phases a heartbeat resends.
+const PHASES_SENT: usize = 4;
 
 /// The world a node acts in during one step.
 pub struct StepCtx<'a> {
@@ -118,6 +128,9 @@ impl SimNode {
             quiet_until: None,
             stepped: false,
             owners_ok: false,
+            reclaim_began: None,
+            start_began: None,
+            phases: Vec::new(),
         }
     }
 
@@ -294,6 +307,7 @@ impl SimNode {
         let jobs_live = self.runs.iter().any(Run::live);
 
         if serve && leases().next().is_none() {
+            let before = self.phase;
             self.phase = match self.phase {
                 Phase::Serving | Phase::Draining { .. } => Phase::Serving,
                 Phase::Releasing { until } if now >= until => Phase::Released,
@@ -305,8 +319,11 @@ impl SimNode {
                 Phase::Starting { until } if now >= until => Phase::Serving,
                 p @ Phase::Starting { .. } => p,
             };
+            self.note_reclaim(ctx, before);
             return changed;
         }
+        self.reclaim_began = None;
+        self.start_began = None;
         self.phase = match self.phase {
             Phase::Serving => Phase::Draining {
                 until: now + ctx.drain_ms.min(ctx.lifecycle.drain_timeout_s * 1_000),
@@ -419,6 +436,43 @@ impl SimNode {
         exited
     }
 
+    /// Times the reclaim under way as the real agent records it: the jobs' stop (their
+    /// checkpoint save and the GPUs' release) as `stop_jobs`, then the replica's start or
+    /// wake up to ready.
+    fn note_reclaim(&mut self, ctx: &StepCtx<'_>, before: Phase) {
+        let now = ctx.now;
+        if self.phase == Phase::Serving {
+            if let (Phase::Starting { .. }, Some(began), Some(start)) =
+                (before, self.reclaim_began, self.start_began)
+            {
+                let replica = match ctx.lifecycle.release {
+                    Release::Stop => "start_replica",
+                    Release::Sleep => "wake_replica",
+                };
+                for (phase, from, to) in [("stop_jobs", began, start), (replica, start, now)] {
+                    let seq = self.phases.last().map_or(1, |p| p.seq + 1);
+                    self.phases.push(PhaseRecord {
+                        seq,
+                        instance: None,
+                        sequence: SequenceKind::Reclaim,
+                        phase: phase.to_owned(),
+                        started_at: from,
+                        duration_ms: to - from,
+                    });
+                }
+                let excess = self.phases.len().saturating_sub(PHASES_SENT);
+                self.phases.drain(..excess);
+            }
+            self.reclaim_began = None;
+            self.start_began = None;
+            return;
+        }
+        self.reclaim_began.get_or_insert(now);
+        if matches!(self.phase, Phase::Starting { .. }) && before == Phase::Released {
+            self.start_began = Some(now);
+        }
+    }
+
     /// What the agent reports; marks exits as reported (its next step forgets them).
     pub fn heartbeat(&mut self) -> Heartbeat {
         self.poke();
@@ -481,7 +535,7 @@ impl SimNode {
             },
             jobs,
             applied_version: self.desired.as_ref().map_or(0, |d| d.version),
-            phases: Vec::new(),
+            phases: self.phases.clone(),
             expired_leases: Vec::new(),
             host: None,
             agent_url: None,
