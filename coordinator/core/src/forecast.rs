@@ -133,9 +133,12 @@ const ERR_BIN: f64 = 0.1;
 const ERR_BINS: usize = 300;
 /// Each minute the histogram keeps this share of its weight: a half-life of one day.
 const ERR_DECAY: f64 = 0.999_518_8;
-/// The share of forecasts the headroom must cover. The cheapest tried that keeps every
-/// minute of the 14-day ServeGen benchmark within the SLO (docs/BENCHMARKS.md).
-const ERR_QUANTILE: f64 = 0.9985;
+/// The share of forecasts the headroom must cover. A replica planned at 80 % of its slots
+/// still serves a load a quarter above the plan without queueing, so a forecast missed by
+/// a little costs a capacity minute, not a user's wait: on the four ServeGen traces of
+/// issue 22, 0.99 to 0.9985 gave the same queue-wait minutes, and 0.99 the most harvest
+/// within 0.5 % capacity minutes (docs/BENCHMARKS.md).
+const ERR_QUANTILE: f64 = 0.99;
 /// Until this much error weight exists (about an hour), the headroom is the prior.
 const ERR_MIN_WEIGHT: f64 = 60.0;
 
@@ -347,11 +350,16 @@ impl Profile {
                 trend = trend.max(my + slope * (ahead - mx));
             }
         }
-        let errors = &r.errors[usize::from(with_profile)];
-        let headroom = if errors.total < ERR_MIN_WEIGHT {
-            prior_headroom
+        // A forecast with the profile whose errors are not yet known (the profile's first
+        // hour, on the second day) borrows those measured without it, which are larger.
+        let own = &r.errors[usize::from(with_profile)];
+        let without = &r.errors[0];
+        let headroom = if own.total >= ERR_MIN_WEIGHT {
+            own.within
+        } else if with_profile && without.total >= ERR_MIN_WEIGHT {
+            without.within
         } else {
-            errors.within
+            prior_headroom
         };
         ShortTerm {
             level,
@@ -475,6 +483,23 @@ mod tests {
         // No errors were measured for forecasts without the profile: the prior stands.
         let without = p.short_term(MONDAY + 180 * MIN, 100.0, MIN, false, 0.5);
         assert_eq!(without.headroom, 0.5);
+    }
+
+    #[test]
+    fn a_forecast_with_a_new_profile_borrows_the_errors_measured_without_it() {
+        let mut p = Profile::default();
+        // Two hours of forecasts without the profile, every tenth minute 2 replicas short.
+        for minute in 0..120u64 {
+            let load = if minute % 10 == 9 { 120.0 } else { 100.0 };
+            p.observe_recent(MONDAY + minute * MIN, load, 10.0, 1);
+            p.note_forecast(MONDAY + minute * MIN, 100.0, false, MIN, 1);
+        }
+        let now = MONDAY + 120 * MIN;
+        let without = p.short_term(now, 100.0, MIN, false, 0.0).headroom;
+        assert!((without - 2.0).abs() < 0.15, "headroom {without}");
+        // No forecast with the profile was checked yet: not the prior 0, but those errors.
+        let with = p.short_term(now, 100.0, MIN, true, 0.0).headroom;
+        assert_eq!(with, without);
     }
 
     #[test]
