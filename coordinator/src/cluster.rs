@@ -538,7 +538,19 @@ impl Cluster {
                     queue.pending.clear();
                     settled_upto = queue.staged;
                 }
-                self.reload(&mut inner, &store, logged);
+                if let StoreError::Deposed { ours, current, .. } = &e {
+                    // Another coordinator leads: this one decides nothing more (its core
+                    // is dropped with it by the leadership, crate::leader).
+                    if !self.stopping.send_replace(true) {
+                        tracing::error!(
+                            term = ours,
+                            current,
+                            "deposed: another coordinator leads; stepping down"
+                        );
+                    }
+                } else {
+                    self.reload(&mut inner, &store, logged);
+                }
                 failed = Some((from, settled_upto, Arc::new(e)));
             }
         }

@@ -52,6 +52,10 @@ pub struct StoreConfig {
     /// The CA (PEM) a PostgreSQL server's certificate must chain to; the system's roots
     /// when unset.
     pub ca_file: Option<PathBuf>,
+    /// With PostgreSQL, any number of coordinators may share the database: one leads, the
+    /// others stand by and name the leader by this URL (how agents and the CLI reach this
+    /// coordinator). Unset: `http://` (or `https://` with `[tls]`) and `listen`.
+    pub advertise_url: Option<String>,
 }
 
 /// What a harvested GPU-hour is worth, for `nightshift report`.

@@ -266,6 +266,19 @@ pub async fn serve_tls_app(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let ticker = tokio::spawn(crate::server::tick(cluster));
+    serve_tls_router(listener, app, config, shutdown).await;
+    ticker.abort();
+    Ok(())
+}
+
+/// Serves `app` over TLS on `listener` until `shutdown` completes, ticking no cluster (the
+/// leadership ticks its leader's, crate::leader).
+pub async fn serve_tls_router(
+    listener: TcpListener,
+    app: axum::Router,
+    config: Arc<ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
     let acceptor = TlsAcceptor::from(config);
     tokio::pin!(shutdown);
     loop {
@@ -310,6 +323,4 @@ pub async fn serve_tls_app(
             }
         });
     }
-    ticker.abort();
-    Ok(())
 }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod health;
 pub mod http;
 pub mod https;
+pub mod leader;
 pub mod metrics;
 pub mod pipelines;
 pub mod pki;

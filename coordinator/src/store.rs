@@ -21,7 +21,7 @@ use crate::pipelines::{PipelineChanges, PipelineSnapshot};
 mod postgres;
 mod sqlite;
 
-pub use postgres::{PgStore, redact};
+pub use postgres::{PgStore, redact, session};
 pub use sqlite::SqliteStore;
 
 /// One step of the schema's history, in each backend's dialect. Both backends apply the same
@@ -169,6 +169,12 @@ pub enum StoreError {
     },
     #[error("database {db}: {reason}")]
     Connect { db: String, reason: String },
+    /// A leader's write found a newer term in the database: another coordinator leads now,
+    /// and this one's writes are refused (nothing of the transaction was written).
+    #[error(
+        "database {db}: deposed: this coordinator led in term {ours}, the database is at term {current}"
+    )]
+    Deposed { db: String, ours: u64, current: u64 },
     #[error("store url {url:?}: {reason}")]
     Url { url: String, reason: String },
     #[error("database {db}: {what} holds a record that does not parse: {source}")]
@@ -437,6 +443,15 @@ impl Store {
         }
     }
 
+    /// Fences every later write with leadership term `term` (PostgreSQL only): a write whose
+    /// transaction finds another term in `nightshift_leader` is refused with
+    /// [`StoreError::Deposed`], so a deposed leader never writes again.
+    pub fn fence(&mut self, term: u64) {
+        if let Self::Postgres(s) = self {
+            s.fence(term);
+        }
+    }
+
     /// The schema version the database is at (after [`Store::open`], [`SCHEMA_VERSION`]).
     pub fn schema_version(&self) -> Result<usize, StoreError> {
         match self {
@@ -555,6 +570,11 @@ pub fn migrate(from: &Path, to: &str, ca_file: Option<&Path>) -> Result<Copied, 
         pipeline_runs: changes.pipelines.runs.len(),
         images: changes.images.len(),
     })
+}
+
+/// What a failed PostgreSQL statement says, with the server's own message when it sent one.
+pub fn describe_pg(e: &tokio_postgres::Error) -> String {
+    postgres::describe(e)
 }
 
 /// The JSON record of a row, as both backends keep it; [`parse_record`] reads it back.

@@ -588,3 +588,94 @@ fn pipeline_runs_come_back_with_their_inputs_in_order_and_their_jobs() {
         assert_eq!(jobs, vec![(1, 0, 0, 10), (1, 1, 2, 12), (2, 0, 0, 11)]);
     });
 }
+
+#[test]
+fn a_deposed_leaders_writes_are_refused_by_the_database() {
+    let db = database("fence");
+    let url = StoreUrl::parse(&db.url()).unwrap();
+    let mut old = Store::open_url(&url, None).unwrap();
+    // The leadership raised the term to 1 for the first leader (crate::leader).
+    db.psql("UPDATE nightshift_leader SET term = term + 1, url = 'http://a:7400'");
+    old.fence(1);
+    let write = |store: &mut Store, id| {
+        store.write(&Changes {
+            jobs: vec![job(id)],
+            counters: Some((id + 1, 1, 1)),
+            ..Default::default()
+        })
+    };
+    write(&mut old, 1).unwrap();
+    // A second coordinator takes over: term 2.
+    db.psql("UPDATE nightshift_leader SET term = term + 1, url = 'http://b:7400'");
+    let mut new = Store::open_url(&url, None).unwrap();
+    new.fence(2);
+    match write(&mut old, 2) {
+        Err(StoreError::Deposed { ours, current, .. }) => assert_eq!((ours, current), (1, 2)),
+        other => panic!("a deposed leader's write went through: {other:?}"),
+    }
+    // Nothing of the refused transaction was written; the new leader writes.
+    assert_eq!(db.psql("SELECT count(*) FROM jobs"), "1");
+    assert_eq!(
+        db.psql("SELECT value FROM meta WHERE key = 'next_job_id'"),
+        "2"
+    );
+    write(&mut new, 3).unwrap();
+    let snapshot = new.load().unwrap();
+    assert_eq!(snapshot.jobs, vec![job(1), job(3)]);
+    // The old one stays refused, however often it tries.
+    assert!(matches!(
+        write(&mut old, 4),
+        Err(StoreError::Deposed { .. })
+    ));
+}
+
+#[test]
+fn a_term_raised_while_a_leaders_write_is_open_waits_for_it() {
+    // The bump takes the row's lock; a write holds it FOR SHARE: the bump waits for the
+    // write to end, so the new leader loads after it, never beside it.
+    let db = database("fence_wait");
+    let url = StoreUrl::parse(&db.url()).unwrap();
+    let mut old = Store::open_url(&url, None).unwrap();
+    db.psql("UPDATE nightshift_leader SET term = 1");
+    old.fence(1);
+    let holder = std::thread::spawn({
+        let url = db.url();
+        move || {
+            // Psql holds the share lock for a moment, as a slow write would.
+            let bin = std::fs::read_dir("/usr/lib/postgresql")
+                .unwrap()
+                .flatten()
+                .map(|e| e.path().join("bin/psql"))
+                .find(|p| p.exists())
+                .unwrap();
+            std::process::Command::new(bin)
+                .args([
+                    "-X",
+                    "-q",
+                    &url,
+                    "-c",
+                    "BEGIN; SELECT term FROM nightshift_leader WHERE id = 1 FOR SHARE; \
+                     SELECT pg_sleep(1); COMMIT;",
+                ])
+                .output()
+                .unwrap()
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    db.psql("UPDATE nightshift_leader SET term = 2");
+    let waited = started.elapsed();
+    assert!(holder.join().unwrap().status.success());
+    assert!(
+        waited >= std::time::Duration::from_millis(400),
+        "the bump did not wait for the open write: {waited:?}"
+    );
+    let refused = old.write(&Changes {
+        jobs: vec![job(1)],
+        ..Default::default()
+    });
+    assert!(
+        matches!(refused, Err(StoreError::Deposed { .. })),
+        "{refused:?}"
+    );
+}

@@ -214,6 +214,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .transpose()?;
             // One coordinator per data directory, for as long as this one runs.
             let _lock = nightshift_coordinator::store::DataDirLock::acquire(&cfg.data_dir)?;
+            // On PostgreSQL any number may share the database: one leads, the others stand by.
+            if let Some(url) = &cfg.store.url
+                && let StoreUrl::Postgres(url) = StoreUrl::parse(url)?
+            {
+                return serve_shared(cfg.clone(), url, tls).await;
+            }
             let cluster = server::open(&cfg)?;
             let access = nightshift_coordinator::http::access_for(&cfg, cluster.clone())?;
             if access.tokens.is_empty() {
@@ -240,6 +246,71 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// Serves as one of the coordinators sharing the PostgreSQL database `url`: the API while
+/// this one leads, a 503 naming the leader while it stands by.
+async fn serve_shared(
+    cfg: CoordinatorConfig,
+    url: String,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<()> {
+    use nightshift_coordinator::leader;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let advertise = cfg.store.advertise_url.clone().unwrap_or_else(|| {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{addr}")
+    });
+    let switch = leader::Switch::default();
+    let build: leader::BuildApp = {
+        let cfg = cfg.clone();
+        std::sync::Arc::new(move |cluster| {
+            let access = nightshift_coordinator::http::access_for(&cfg, cluster.clone())?;
+            if access.tokens.is_empty() {
+                tracing::warn!(
+                    "no API tokens: the API is open to anyone who reaches it; \
+                     create one with nightshift-coordinator token create --role admin"
+                );
+            }
+            Ok(nightshift_coordinator::http::app(
+                cluster,
+                access,
+                cfg.policy.clone(),
+            ))
+        })
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let leadership = tokio::spawn(leader::run(
+        cfg.clone(),
+        url,
+        advertise.clone(),
+        switch.clone(),
+        build,
+        stop_rx,
+    ));
+    tracing::info!(%addr, tls = tls.is_some(), url = %advertise, "coordinator listening; campaigning for leadership");
+    let app = switch.router();
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    };
+    match tls {
+        Some(tls) => {
+            nightshift_coordinator::https::serve_tls_router(listener, app, tls, shutdown).await
+        }
+        None => {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
+            // Open long-polls end with the leader's cluster (the leadership stops it).
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await?;
+        }
+    }
+    let _ = tokio::time::timeout(server::STOP_GRACE, leadership).await;
+    Ok(())
 }
 
 fn tls(command: TlsCommand) -> anyhow::Result<()> {

@@ -37,8 +37,95 @@ use crate::pipelines::PipelineSnapshot;
 /// lock's key: "nightshft" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6e69_6768_7473_6674;
 
+/// Leadership of the coordinators sharing the database (crate::leader): the term of the
+/// current leader, which rises with each new one, and the URL it serves at. Every write of a
+/// leader checks its term in its transaction ([`PgStore::fence`]). PostgreSQL's alone
+/// (SQLite is single-node), so not one of the shared [`MIGRATIONS`]: made when missing.
+const LEADER_TABLE: &str = "
+    CREATE TABLE IF NOT EXISTS nightshift_leader (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        term BIGINT NOT NULL,
+        url TEXT NOT NULL,
+        since BIGINT NOT NULL);
+    INSERT INTO nightshift_leader (id, term, url, since) VALUES (1, 0, '', 0)
+        ON CONFLICT (id) DO NOTHING;
+";
+
 /// How long connecting may take when the URL does not say (`connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a fenced store's transaction may sit idle before the server ends its session.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
+/// TLS through rustls on ring: the server's certificate must chain to `ca_file` (`[store]
+/// ca_file`), or to the system's roots when none is set.
+fn tls(ca_file: Option<&Path>) -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
+    let roots = match ca_file {
+        Some(path) => {
+            nightshift_common::tls::load_roots("store.ca_file", path).map_err(|e| e.to_string())?
+        }
+        None => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            Arc::new(roots)
+        }
+    };
+    let config = rustls::ClientConfig::builder_with_provider(nightshift_common::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// A session of its own on the database at `url`, driven by a task of the current tokio
+/// runtime, with the server settings `options` (`-c name=value ...`): the leadership's lock
+/// session (crate::leader). Connecting takes at most `timeout`.
+pub async fn session(
+    url: &str,
+    ca_file: Option<&Path>,
+    options: &str,
+    timeout: Duration,
+) -> Result<Client, StoreError> {
+    let location = redact(url);
+    let connect_error = |reason: String| StoreError::Connect {
+        db: location.clone(),
+        reason,
+    };
+    let mut config = parse(url).map_err(|reason| StoreError::Url {
+        url: location.clone(),
+        reason,
+    })?;
+    config.connect_timeout(timeout);
+    config.application_name("nightshift-coordinator leadership");
+    config.keepalives(true);
+    config.keepalives_idle(Duration::from_secs(2));
+    config.options(options);
+    let tls = match config.get_ssl_mode() {
+        SslMode::Disable => None,
+        _ => Some(tls(ca_file).map_err(&connect_error)?),
+    };
+    let connected = tokio::time::timeout(timeout, async {
+        match tls {
+            None => {
+                let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+                tokio::spawn(connection);
+                Ok(client)
+            }
+            Some(tls) => {
+                let (client, connection) = config.connect(tls).await?;
+                tokio::spawn(connection);
+                Ok::<_, tokio_postgres::Error>(client)
+            }
+        }
+    })
+    .await;
+    match connected {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(connect_error(format!("cannot connect: {}", describe(&e)))),
+        Err(_) => Err(connect_error("connecting timed out".to_owned())),
+    }
+}
 
 /// Parses a PostgreSQL URL, or says why it cannot be used.
 pub(super) fn parse(url: &str) -> Result<tokio_postgres::Config, String> {
@@ -200,6 +287,8 @@ pub struct PgStore {
     runtime: Option<tokio::runtime::Runtime>,
     /// The live connection; none after it was lost, until the next call connects again.
     conn: Mutex<Option<Connection>>,
+    /// The leadership term every write is fenced with ([`PgStore::fence`]); none unfenced.
+    term: Option<u64>,
 }
 
 impl Drop for PgStore {
@@ -329,6 +418,7 @@ impl PgStore {
             location,
             runtime: Some(runtime),
             conn: Mutex::new(None),
+            term: None,
         };
         Ok(store)
     }
@@ -379,25 +469,24 @@ impl PgStore {
         }
     }
 
-    /// TLS through rustls on ring: the server's certificate must chain to `[store] ca_file`,
-    /// or to the system's roots when none is set.
     fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
-        let roots = match &self.ca_file {
-            Some(path) => nightshift_common::tls::load_roots("store.ca_file", path)
-                .map_err(|e| self.connect_error(e.to_string()))?,
-            None => {
-                let mut roots = rustls::RootCertStore::empty();
-                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-                Arc::new(roots)
-            }
-        };
-        let config =
-            rustls::ClientConfig::builder_with_provider(nightshift_common::tls::provider())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| self.connect_error(format!("tls: {e}")))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+        tls(self.ca_file.as_deref()).map_err(|reason| self.connect_error(reason))
+    }
+
+    /// Fences every later write with leadership term `term`: each write transaction first
+    /// reads `nightshift_leader`'s term (`FOR SHARE`, so a new leader's bump waits for it
+    /// or it sees the bump) and writes nothing unless it is still `term`. A transaction left
+    /// idle by a frozen process is ended by the server after [`IDLE_IN_TRANSACTION`], so it
+    /// cannot hold a new leader's bump up.
+    pub fn fence(&mut self, term: u64) {
+        self.term = Some(term);
+        let options = self.config.get_options().unwrap_or("").to_owned();
+        self.config.options(format!(
+            "{options} -c idle_in_transaction_session_timeout={}",
+            IDLE_IN_TRANSACTION.as_millis()
+        ));
+        // The options apply to the next connection.
+        *self.conn.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Runs `f` with the live connection, connecting first when there is none; a connection
@@ -475,6 +564,7 @@ impl PgStore {
             for migration in &MIGRATIONS[found..] {
                 tx.batch_execute(migration.postgres).await?;
             }
+            tx.batch_execute(LEADER_TABLE).await?;
             tx.execute(
                 "UPDATE nightshift_schema SET version = $1",
                 &[&(known as i64)],
@@ -666,12 +756,26 @@ impl PgStore {
     /// calls (group commit), each table's rows in one statement.
     pub fn write_all(&mut self, batches: &[Changes]) -> Result<(), StoreError> {
         let rows = Rows::of(batches);
-        self.with_conn(async |c| {
+        let term = self.term;
+        let written = self.with_conn(async |c| {
             if c.statements.is_none() {
                 c.statements = Some(Statements::prepare(&c.client).await?);
             }
             let st = c.statements.as_ref().expect("prepared above");
             let tx = c.client.transaction().await?;
+            if let Some(ours) = term {
+                let row = tx
+                    .query_one(
+                        "SELECT term FROM nightshift_leader WHERE id = 1 FOR SHARE",
+                        &[],
+                    )
+                    .await?;
+                let current = row.get::<_, i64>(0) as u64;
+                if current != ours {
+                    // Dropped uncommitted: rolled back.
+                    return Ok(Err(current));
+                }
+            }
             if !rows.jobs.is_empty() {
                 let ids: Vec<i64> = rows.jobs.keys().copied().collect();
                 let (states, records): (Vec<&str>, Vec<&str>) = rows
@@ -745,7 +849,12 @@ impl PgStore {
                 let values: Vec<i64> = values.iter().map(|v| *v as i64).collect();
                 tx.execute(&st.meta, &[&COUNTERS.to_vec(), &values]).await?;
             }
-            tx.commit().await
+            tx.commit().await.map(Ok)
+        })?;
+        written.map_err(|current| StoreError::Deposed {
+            db: self.location.clone(),
+            ours: term.unwrap_or_default(),
+            current,
         })
     }
 }
