@@ -13,7 +13,9 @@ use serde::Deserialize;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
-    /// The coordinator's base URL.
+    /// The coordinator's base URL; or several, coordinators sharing a PostgreSQL database
+    /// (a list, or one string separated by commas), of which the agent follows the leader.
+    #[serde(deserialize_with = "one_or_many")]
     pub coordinator: String,
     /// This node's name; the host name when empty.
     pub node: String,
@@ -300,8 +302,16 @@ impl AgentConfig {
                 rule: rule.into(),
             })
         };
-        if !(self.coordinator.starts_with("http://") || self.coordinator.starts_with("https://")) {
-            return invalid("coordinator", "must be an http:// or https:// URL");
+        let urls = crate::uplink::coordinator_urls(&self.coordinator);
+        if urls.is_empty()
+            || !urls
+                .iter()
+                .all(|u| u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return invalid(
+                "coordinator",
+                "must be an http:// or https:// URL, or several (a list, or separated by commas)",
+            );
         }
         if self.replica.image.trim().is_empty() {
             return invalid("replica.image", "must not be empty");
@@ -493,6 +503,20 @@ impl AgentConfig {
     }
 }
 
+/// A string, or a list of strings joined with commas (`coordinator`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s,
+        OneOrMany::Many(v) => v.join(","),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,6 +551,33 @@ mod tests {
         std::fs::write(&path, "[replica]\nimgae = \"v:1\"\n").unwrap();
         let err = AgentConfig::load(Some(&path)).unwrap_err().to_string();
         assert!(err.contains("imgae"), "{err}");
+    }
+
+    #[test]
+    fn coordinator_is_one_url_or_several() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, format!("{text}\n[replica]\nimage = \"v:1\"\n")).unwrap();
+            AgentConfig::load(Some(&path))
+        };
+        let one = load("coordinator = \"http://a:7400\"").unwrap();
+        assert_eq!(one.coordinator, "http://a:7400");
+        let list = load("coordinator = [\"http://a:7400\", \"https://b:7400\"]").unwrap();
+        assert_eq!(list.coordinator, "http://a:7400,https://b:7400");
+        assert_eq!(
+            crate::uplink::coordinator_urls(&list.coordinator),
+            ["http://a:7400", "https://b:7400"]
+        );
+        let commas = load("coordinator = \"http://a:7400, http://b:7400\"").unwrap();
+        assert_eq!(
+            crate::uplink::coordinator_urls(&commas.coordinator),
+            ["http://a:7400", "http://b:7400"]
+        );
+        let err = load("coordinator = [\"http://a:7400\", \"b:7400\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("coordinator"), "{err}");
     }
 
     #[test]

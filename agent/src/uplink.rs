@@ -4,6 +4,12 @@
 //! Plain HTTP, or HTTPS with mutual TLS (rustls on ring, see [`crate::tls`]): the agent
 //! trusts only the cluster CA and presents its node's certificate. Every call has a connect
 //! timeout and a whole-request timeout.
+//!
+//! The coordinator may be several (`coordinator = "http://a:7400,http://b:7400"`, or a list
+//! in agent.toml): coordinators sharing a PostgreSQL database, of which one leads and the
+//! others answer 503. A call that finds its coordinator unreachable or answering 503 tries
+//! the next one at once, and the one that answered is asked first from then on: the agent
+//! follows the leader.
 
 use std::time::Duration;
 
@@ -45,7 +51,10 @@ pub enum UplinkError {
 
 #[derive(Clone)]
 pub struct Uplink {
-    base: String,
+    /// The coordinators' base URLs, in the order configured.
+    bases: std::sync::Arc<[String]>,
+    /// The one asked first: the last that answered (shared by clones).
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     node: String,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
@@ -65,7 +74,10 @@ impl Uplink {
         };
         let config = match tls.client_config()? {
             Some(config) => config,
-            None if base.starts_with("https://") => {
+            None if coordinator_urls(base)
+                .iter()
+                .any(|u| u.starts_with("https://")) =>
+            {
                 return Err(bad("https needs tls.ca_file (the cluster CA)"));
             }
             // Plain HTTP: an empty trust store, so that no https:// peer is ever trusted.
@@ -86,37 +98,81 @@ impl Uplink {
             .enable_http1()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new()).build(connector);
+        let bases: Vec<String> = coordinator_urls(base)
+            .iter()
+            .map(|b| b.trim_end_matches('/').to_owned())
+            .collect();
+        if bases.is_empty() {
+            return Err(bad("names no coordinator"));
+        }
         Ok(Self {
-            base: base.trim_end_matches('/').to_owned(),
+            bases: bases.into(),
+            current: Default::default(),
             node: node.to_owned(),
             client,
         })
     }
 
+    /// The base URL of the coordinator asked first now.
+    pub fn base(&self) -> &str {
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        &self.bases[i % self.bases.len()]
+    }
+
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterReply, UplinkError> {
-        let url = format!("{}/v1/agents/register", self.base);
-        self.send(Method::POST, &url, Some(req), CALL_TIMEOUT).await
+        self.send(Method::POST, "/v1/agents/register", Some(req), CALL_TIMEOUT)
+            .await
     }
 
     pub async fn heartbeat(&self, beat: &Heartbeat) -> Result<DesiredNode, UplinkError> {
-        let url = format!("{}/v1/agents/{}/heartbeat", self.base, self.node);
-        self.send(Method::POST, &url, Some(beat), CALL_TIMEOUT)
+        let path = format!("/v1/agents/{}/heartbeat", self.node);
+        self.send(Method::POST, &path, Some(beat), CALL_TIMEOUT)
             .await
     }
 
     /// Answers as soon as the desired version moves past `after`, or after [`LONG_POLL`].
     pub async fn desired(&self, after: u64) -> Result<DesiredNode, UplinkError> {
-        let url = format!(
-            "{}/v1/agents/{}/desired?after={after}&wait_ms={}",
-            self.base,
+        let path = format!(
+            "/v1/agents/{}/desired?after={after}&wait_ms={}",
             self.node,
             LONG_POLL.as_millis()
         );
-        self.send::<(), _>(Method::GET, &url, None, LONG_POLL + CALL_TIMEOUT)
+        self.send::<(), _>(Method::GET, &path, None, LONG_POLL + CALL_TIMEOUT)
             .await
     }
 
+    /// Sends to the coordinator asked first; when it is unreachable or answers 503 (a
+    /// standby, or a leader stepping down), to the next ones in turn, and the one that
+    /// answers is asked first from then on.
     async fn send<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<T, UplinkError> {
+        use std::sync::atomic::Ordering;
+        let n = self.bases.len();
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let mut last = None;
+        for i in 0..n {
+            let at = (first + i) % n;
+            let url = format!("{}{path}", self.bases[at]);
+            match self.send_to(method.clone(), &url, body, timeout).await {
+                Err(e) if n > 1 && fails_over(&e) => last = Some(e),
+                answered => {
+                    if i > 0 {
+                        self.current.store(at, Ordering::Relaxed);
+                        tracing::info!(coordinator = %self.bases[at], "following the coordinator that answers");
+                    }
+                    return answered;
+                }
+            }
+        }
+        Err(last.expect("one coordinator at least"))
+    }
+
+    async fn send_to<B: Serialize, T: DeserializeOwned>(
         &self,
         method: Method,
         url: &str,
@@ -167,5 +223,25 @@ impl Uplink {
             return Err(UplinkError::UnknownNode(self.node.clone()));
         }
         Err(UplinkError::Refused { status, error })
+    }
+}
+
+/// The coordinators' URLs in `coordinator` (agent.toml, `--coordinator`,
+/// `NIGHTSHIFT_URL`): one, or several separated by commas.
+pub fn coordinator_urls(coordinator: &str) -> Vec<&str> {
+    coordinator
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// Whether another coordinator may answer a call that failed so: this one is unreachable,
+/// or a standby (503).
+fn fails_over(e: &UplinkError) -> bool {
+    match e {
+        UplinkError::Unreachable { .. } => true,
+        UplinkError::Refused { status, .. } => *status == StatusCode::SERVICE_UNAVAILABLE,
+        _ => false,
     }
 }

@@ -37,7 +37,8 @@ pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7400";
     about = "Run research jobs on idle inference GPUs"
 )]
 pub struct Cli {
-    /// The coordinator's base URL.
+    /// The coordinator's base URL; or several, separated by commas (coordinators sharing a
+    /// PostgreSQL database), of which requests follow the leader.
     #[arg(
         long,
         global = true,

@@ -125,6 +125,42 @@ fn display_api(status: StatusCode, error: &ApiError) -> String {
     }
 }
 
+/// One coordinator's base URL, validated, with a trailing `/`, and as shown in messages.
+fn parse_base(base_url: &str, ca: Option<&Path>) -> Result<(Url, String), ClientError> {
+    let invalid = |reason: &str| ClientError::InvalidUrl {
+        url: base_url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if !base_url.contains("://") {
+        return Err(invalid("expected http://host:port"));
+    }
+    let mut base = Url::parse(base_url.trim()).map_err(|e| invalid(&e.to_string()))?;
+    match (base.scheme(), ca) {
+        ("http", _) | ("https", Some(_)) => {}
+        ("https", None) => {
+            return Err(invalid(
+                "https needs the cluster CA: set --ca FILE or NIGHTSHIFT_CA",
+            ));
+        }
+        _ => return Err(invalid("the scheme must be http:// or https://")),
+    }
+    if base.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("a host is required"));
+    }
+    if !base.username().is_empty() || base.password().is_some() {
+        return Err(invalid("credentials in the url are not supported"));
+    }
+    if base.query().is_some() || base.fragment().is_some() {
+        return Err(invalid("a query or fragment is not allowed"));
+    }
+    if !base.path().ends_with('/') {
+        let path = format!("{}/", base.path());
+        base.set_path(&path);
+    }
+    let shown = base.as_str().trim_end_matches('/').to_owned();
+    Ok((base, shown))
+}
+
 /// The cause of a failed connection or exchange (hyper's, or the TLS layer's).
 pub type TransportError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -168,16 +204,20 @@ fn describe_transport(err: &(dyn std::error::Error + 'static)) -> String {
     }
 }
 
-/// A client for one coordinator. Cheap to clone; clones share a connection pool.
+/// A client for one coordinator, or for several sharing a PostgreSQL database (of which
+/// one leads and the others answer 503): a request that finds its coordinator unreachable
+/// or answering 503 goes to the next one, which is asked first from then on. Cheap to
+/// clone; clones share a connection pool.
 #[derive(Clone)]
 pub struct Client {
     http: hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// The CA the coordinator's certificate is checked against (`https://` only).
     ca: Option<PathBuf>,
-    /// Always ends with `/`, so that relative API paths join below it.
-    base: Url,
-    /// The base as the user would write it, for messages.
-    shown: String,
+    /// Each coordinator's base, which always ends with `/` so that relative API paths join
+    /// below it, and the base as the user would write it, for messages.
+    bases: std::sync::Arc<[(Url, String)]>,
+    /// The coordinator asked first: the last that answered (shared by clones).
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     request_timeout: Duration,
     /// Sent as `Authorization: Bearer`; never logged or shown.
     token: Option<String>,
@@ -186,7 +226,7 @@ pub struct Client {
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
-            .field("base", &self.shown)
+            .field("base", &self.shown())
             .finish_non_exhaustive()
     }
 }
@@ -212,46 +252,41 @@ impl Client {
         connect: Duration,
         request: Duration,
     ) -> Result<Self, ClientError> {
-        let invalid = |reason: &str| ClientError::InvalidUrl {
-            url: base_url.to_owned(),
-            reason: reason.to_owned(),
-        };
-        if !base_url.contains("://") {
-            return Err(invalid("expected http://host:port"));
+        let bases = base_url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(|u| parse_base(u, ca))
+            .collect::<Result<Vec<_>, _>>()?;
+        if bases.is_empty() {
+            return Err(ClientError::InvalidUrl {
+                url: base_url.to_owned(),
+                reason: "expected http://host:port".to_owned(),
+            });
         }
-        let mut base = Url::parse(base_url.trim()).map_err(|e| invalid(&e.to_string()))?;
-        match (base.scheme(), ca) {
-            ("http", _) | ("https", Some(_)) => {}
-            ("https", None) => {
-                return Err(invalid(
-                    "https needs the cluster CA: set --ca FILE or NIGHTSHIFT_CA",
-                ));
-            }
-            _ => return Err(invalid("the scheme must be http:// or https://")),
-        }
-        if base.host_str().is_none_or(str::is_empty) {
-            return Err(invalid("a host is required"));
-        }
-        if !base.username().is_empty() || base.password().is_some() {
-            return Err(invalid("credentials in the url are not supported"));
-        }
-        if base.query().is_some() || base.fragment().is_some() {
-            return Err(invalid("a query or fragment is not allowed"));
-        }
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
-        }
-        let shown = base.as_str().trim_end_matches('/').to_owned();
         let http = http_client(ca, connect)?;
         Ok(Self {
             http,
             ca: ca.map(Path::to_owned),
-            base,
-            shown,
+            bases: bases.into(),
+            current: Default::default(),
             request_timeout: request,
             token: None,
         })
+    }
+
+    /// The base of the coordinator asked first now.
+    fn base(&self) -> &Url {
+        &self.bases[self.at()].0
+    }
+
+    /// That base as the user would write it.
+    fn shown(&self) -> &str {
+        &self.bases[self.at()].1
+    }
+
+    fn at(&self) -> usize {
+        self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len()
     }
 
     /// Sends `token` (an API token, `NIGHTSHIFT_TOKEN`) with every request.
@@ -260,9 +295,9 @@ impl Client {
         self
     }
 
-    /// The coordinator's base URL, without a trailing `/`.
+    /// The base URL of the coordinator asked first now, without a trailing `/`.
     pub fn base_url(&self) -> &str {
-        &self.shown
+        self.shown()
     }
 
     /// `POST /v1/jobs`: queues a job.
@@ -301,10 +336,13 @@ impl Client {
         if let Some(n) = tail {
             path.push_str(&format!("&tail={n}"));
         }
-        let url = self.base.join(&path).map_err(|e| ClientError::InvalidUrl {
-            url: format!("{}/{path}", self.shown),
-            reason: e.to_string(),
-        })?;
+        let url = self
+            .base()
+            .join(&path)
+            .map_err(|e| ClientError::InvalidUrl {
+                url: format!("{}/{path}", self.shown()),
+                reason: e.to_string(),
+            })?;
         let request = format!("GET {url}");
         let deadline = tokio::time::Instant::now() + self.request_timeout;
         let response = self
@@ -439,8 +477,47 @@ impl Client {
         path: &str,
         body: Option<&B>,
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
-        let url = self.base.join(path).map_err(|e| ClientError::InvalidUrl {
-            url: format!("{}/{path}", self.shown),
+        use std::sync::atomic::Ordering;
+        let n = self.bases.len();
+        let first = self.at();
+        let mut last = None;
+        for i in 0..n {
+            let at = (first + i) % n;
+            let sent = self.send_to(at, method.clone(), path, body).await;
+            let fails_over = match &sent {
+                Err(ClientError::Unreachable { .. } | ClientError::Timeout { .. }) => true,
+                Ok((_, status, _)) => *status == StatusCode::SERVICE_UNAVAILABLE,
+                Err(_) => false,
+            };
+            if n > 1 && fails_over {
+                // An answer (a standby's, which names the leader) says more than a failure.
+                if last.as_ref().is_none_or(Result::is_err) {
+                    last = Some(sent);
+                }
+                if i + 1 < n {
+                    continue;
+                }
+                return last.expect("set above");
+            }
+            if i > 0 {
+                self.current.store(at, Ordering::Relaxed);
+            }
+            return sent;
+        }
+        unreachable!("one coordinator at least")
+    }
+
+    /// [`Client::send`] to the coordinator `at`.
+    async fn send_to<B: Serialize + ?Sized>(
+        &self,
+        at: usize,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<(String, StatusCode, Bytes), ClientError> {
+        let (base, shown) = &self.bases[at];
+        let url = base.join(path).map_err(|e| ClientError::InvalidUrl {
+            url: format!("{shown}/{path}"),
             reason: e.to_string(),
         })?;
         let request = format!("{method} {url}");
@@ -523,13 +600,13 @@ impl Client {
     fn unreachable(&self, source: TransportError) -> ClientError {
         if let (Some(tls), Some(ca)) = (tls_cause(source.as_ref()), &self.ca) {
             return ClientError::Tls {
-                url: self.shown.clone(),
+                url: self.shown().to_owned(),
                 ca: ca.clone(),
                 reason: tls.to_string(),
             };
         }
         ClientError::Unreachable {
-            url: self.shown.clone(),
+            url: self.shown().to_owned(),
             source,
         }
     }
@@ -942,6 +1019,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn several_coordinators_the_one_that_answers_is_followed() {
+        let standby = |_: &fake::Request| {
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &ApiError {
+                    error: "this coordinator is a standby".into(),
+                    field: None,
+                },
+            )
+        };
+        let (standby_url, standby_hits) = serve(standby).await;
+        let (leader_url, leader_hits) = serve(fake::coordinator).await;
+        let dead = fake::refused_url();
+        let client = Client::new(&format!("{dead},{standby_url}, {leader_url}")).unwrap();
+        assert_eq!(client.base_url(), dead);
+        assert_eq!(client.jobs().await.unwrap().jobs.len(), 2);
+        assert_eq!(
+            client.base_url(),
+            leader_url,
+            "the leader is asked first now"
+        );
+        assert_eq!(standby_hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        client.job(7).await.unwrap();
+        assert_eq!(standby_hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(leader_hits.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // A refusal by the leader is its answer: no other coordinator is asked.
+        let err = client.job(99).await.unwrap_err();
+        assert_eq!(err.status(), Some(StatusCode::NOT_FOUND));
+        assert_eq!(standby_hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // None leads: the standby's answer, not the dead one's silence.
+        let none = Client::new(&format!("{dead},{standby_url}")).unwrap();
+        let err = none.jobs().await.unwrap_err();
+        assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE), "{err}");
+    }
+
+    #[tokio::test]
     async fn connection_refused_is_explained() {
         let url = fake::refused_url();
         let err = Client::new(&url).unwrap().jobs().await.unwrap_err();
@@ -988,13 +1101,13 @@ mod tests {
         let c = Client::new("http://127.0.0.1:7400").unwrap();
         assert_eq!(c.base_url(), "http://127.0.0.1:7400");
         assert_eq!(
-            c.base.join("v1/jobs").unwrap().as_str(),
+            c.base().join("v1/jobs").unwrap().as_str(),
             "http://127.0.0.1:7400/v1/jobs"
         );
 
         let c = Client::new("http://gw.example/nightshift").unwrap();
         assert_eq!(
-            c.base.join("v1/jobs").unwrap().as_str(),
+            c.base().join("v1/jobs").unwrap().as_str(),
             "http://gw.example/nightshift/v1/jobs"
         );
 
