@@ -6,6 +6,8 @@
 #   NIGHTSHIFT_TEST_POSTGRES=postgres://postgres@127.0.0.1:PORT   (no database, no options)
 #   NIGHTSHIFT_TEST_POSTGRES_CA=DIR/ca.pem                          (signed the server's cert)
 # `tests/postgres.sh stop DIR` stops that server and removes DIR.
+# `tests/postgres.sh halt DIR` stops the server and keeps DIR; `resume DIR` starts it again on
+# the same port (an outage of the database, for the failover tests).
 # initdb refuses root: as root, the cluster belongs to the package's `postgres` user.
 set -euo pipefail
 command="${1:?usage: tests/postgres.sh start|stop DIR}"
@@ -17,7 +19,21 @@ if [ -z "$bin" ]; then
 fi
 if [ "$(id -u)" = 0 ]; then as_pg=(runuser -u postgres --); else as_pg=(); fi
 
+start_server() {
+    "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 -o \
+        "-k $dir -p $1 -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
+         -c ssl=on -c ssl_cert_file=$dir/server.pem -c ssl_key_file=$dir/server.key" \
+        start >/dev/null
+}
+
 case "$command" in
+halt)
+    "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+    ;;
+resume)
+    dir="$(cd "$dir" && pwd)"
+    start_server "$(cat "$dir/port")"
+    ;;
 start)
     mkdir "$dir"
     dir="$(cd "$dir" && pwd)"
@@ -39,10 +55,8 @@ start)
     # A free port can be taken between the probe and the start: try a few.
     for _ in 1 2 3 4 5; do
         port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-        if "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 -o \
-            "-k $dir -p $port -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
-             -c ssl=on -c ssl_cert_file=$dir/server.pem -c ssl_key_file=$dir/server.key" \
-            start >/dev/null; then
+        if start_server "$port"; then
+            echo "$port" > "$dir/port"
             echo "NIGHTSHIFT_TEST_POSTGRES=postgres://postgres@127.0.0.1:$port"
             echo "NIGHTSHIFT_TEST_POSTGRES_CA=$dir/ca.pem"
             exit 0
@@ -59,7 +73,7 @@ stop)
     rm -rf "$dir"
     ;;
 *)
-    echo "usage: tests/postgres.sh start|stop DIR" >&2
+    echo "usage: tests/postgres.sh start|stop|halt|resume DIR" >&2
     exit 2
     ;;
 esac

@@ -160,3 +160,90 @@ fn psql(url: &str, sql: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// A PostgreSQL server of one test's own (tests/postgres.sh), which the test may stop and
+/// start again (an outage of the database) without disturbing the other tests; stopped and
+/// removed when dropped.
+pub struct OwnServer {
+    dir: PathBuf,
+    /// `postgres://postgres@127.0.0.1:PORT`, no database.
+    pub base: String,
+}
+
+/// Whether PostgreSQL can be had here: tests/postgres.sh finds its binaries.
+pub fn installed() -> bool {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.path().join("bin/pg_ctl").exists())
+}
+
+impl OwnServer {
+    /// Starts a server on a free port, in a directory of its own.
+    pub fn start(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "nightshift-pg-{}-{}",
+            crate::unique_node(name),
+            std::process::id()
+        ));
+        let text = postgres_sh("start", &dir);
+        let base = text
+            .lines()
+            .find_map(|l| l.strip_prefix("NIGHTSHIFT_TEST_POSTGRES="))
+            .unwrap_or_else(|| panic!("tests/postgres.sh printed no URL: {text}"))
+            .to_owned();
+        Self { dir, base }
+    }
+
+    /// A new database on this server; its URL (plain TCP).
+    pub fn database(&self, name: &str) -> String {
+        psql(
+            &format!("{}/postgres?sslmode=disable", self.base),
+            &format!("CREATE DATABASE {name}"),
+        );
+        format!("{}/{name}?sslmode=disable", self.base)
+    }
+
+    /// Runs one SQL command in database `db` of this server.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        psql(&format!("{}/{db}?sslmode=disable", self.base), sql)
+    }
+
+    /// Stops the server (fast shutdown: sessions end), keeping its data.
+    pub fn halt(&self) {
+        postgres_sh("halt", &self.dir);
+    }
+
+    /// Starts it again on the same port.
+    pub fn resume(&self) {
+        postgres_sh("resume", &self.dir);
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/postgres.sh");
+        let _ = std::process::Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(&self.dir)
+            .output();
+    }
+}
+
+fn postgres_sh(command: &str, dir: &std::path::Path) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/postgres.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .arg(command)
+        .arg(dir)
+        .output()
+        .expect("run tests/postgres.sh");
+    assert!(
+        out.status.success(),
+        "tests/postgres.sh {command} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
