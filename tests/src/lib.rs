@@ -455,8 +455,13 @@ impl CoordinatorProcess {
     /// Starts the binary on `port` with `data` as its data directory and `config` (TOML).
     /// Its output goes to a log file of the run ([`secrets::log_file`]).
     pub fn spawn(port: u16, data: &Path, config: &Path) -> Self {
+        Self::spawn_bin(&workspace_bin("nightshift-coordinator"), port, data, config)
+    }
+
+    /// [`CoordinatorProcess::spawn`] of the binary `bin` (a benchmark's sibling).
+    pub fn spawn_bin(bin: &Path, port: u16, data: &Path, config: &Path) -> Self {
         let (_, log) = secrets::log_file("nightshift-coordinator");
-        let child = std::process::Command::new(workspace_bin("nightshift-coordinator"))
+        let child = std::process::Command::new(bin)
             .args([
                 "serve",
                 "--listen",

@@ -26,6 +26,7 @@ use nightshift_common::{
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+mod failover;
 mod faults;
 mod footprint;
 mod reclaim;
@@ -125,6 +126,15 @@ enum Bench {
     },
     /// Faults injected into a busy cluster rig (needs root): see `faults/mod.rs`.
     Faults(faults::FaultsRun),
+    /// Two coordinators on one PostgreSQL database: the leader killed `kills` times, the
+    /// time until the standby leads (see `failover.rs`).
+    Failover {
+        #[arg(long, default_value_t = 10)]
+        kills: usize,
+        /// Jobs in the state, which each new leader loads.
+        #[arg(long, default_value_t = 1000)]
+        jobs: usize,
+    },
 }
 
 /// What `nightshift-bench coordinator` runs.
@@ -275,6 +285,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     line("decision -> signalled", &r.decision_to_signal),
                     line("signal -> gpus free", &r.signal_to_gpus_free),
                     line("free -> serving ready", &r.free_to_serving_ready)
+                );
+            }
+            Ok(())
+        }
+        Bench::Failover { kills, jobs } => {
+            let r = failover::failover(kills, jobs).await?;
+            if args.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                let line = |name: &str, p: &reclaim::Percentiles| {
+                    format!(
+                        "{name:<44} p50 {:>6.0} ms  p99 {:>6.0} ms  max {:>6.0} ms\n",
+                        p.p50_ms, p.p99_ms, p.max_ms
+                    )
+                };
+                print!(
+                    "{} kills, {} jobs in the state\n{}{}",
+                    r.kills,
+                    r.jobs,
+                    line("SIGKILL of the leader -> standby leads", &r.failover),
+                    line("reference: SIGKILL, restart -> answers", &r.restart)
                 );
             }
             Ok(())
