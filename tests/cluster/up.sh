@@ -179,6 +179,15 @@ auth=$(printf '%s:%s' "$NSC_REGISTRY_USER" "$password" | base64 -w0)
 # The shared checkpoint directory: the hosts share this machine's file system, so one plain
 # directory is "mounted at the same path on every host" (an NFS mount on a real cluster).
 mkdir -p "$NSC_STATE/shared/checkpoints"
+# NSC_CHECKPOINT_MB=M puts that directory on a tmpfs of M MiB, and NSC_CHECKPOINT_MIN_FREE_MB=F
+# sets the agents' checkpoint_min_free_bytes to F MiB (1 GiB, the default, otherwise), so that
+# the fault harness can fill the volume below the floor; down.sh unmounts it with the rest.
+if [ -n "${NSC_CHECKPOINT_MB:-}" ]; then
+  [[ $NSC_CHECKPOINT_MB =~ ^[0-9]+$ ]] || nsc_die "NSC_CHECKPOINT_MB must be a number of MiB, not [$NSC_CHECKPOINT_MB]"
+  mount -t tmpfs -o "size=${NSC_CHECKPOINT_MB}m,mode=0755" nsc-checkpoints "$NSC_STATE/shared/checkpoints"
+fi
+min_free_mb=${NSC_CHECKPOINT_MIN_FREE_MB:-1024}
+[[ $min_free_mb =~ ^[0-9]+$ ]] || nsc_die "NSC_CHECKPOINT_MIN_FREE_MB must be a number of MiB, not [$min_free_mb]"
 nsc_log "images: pushed ${#images[@]} to $NSC_REGISTRY in $(nsc_since "$t")s (the agents pull them)"
 
 # ------------------------------------------------------------------ coordinator
@@ -255,6 +264,7 @@ readiness_grace_s = 0.5
 drain_timeout_s = 30.0
 free_timeout_s = 10.0
 health_timeout_s = 120.0
+checkpoint_min_free_bytes = $((min_free_mb * 1048576))
 
 [gpus]
 fake = 4

@@ -64,10 +64,12 @@ pub enum Kind {
     JobIgnoresSignal,
     /// A job that fails at once, with retries and backoff.
     JobCrashLoop,
+    /// A job that fills the checkpoint volume below the agents' floor.
+    CheckpointFull,
 }
 
 impl Kind {
-    const ALL: [Kind; 9] = [
+    const ALL: [Kind; 10] = [
         Kind::Partition,
         Kind::ShortPartition,
         Kind::AgentKill,
@@ -77,6 +79,7 @@ impl Kind {
         Kind::DiskFull,
         Kind::JobIgnoresSignal,
         Kind::JobCrashLoop,
+        Kind::CheckpointFull,
     ];
 
     fn name(self) -> &'static str {
@@ -90,6 +93,7 @@ impl Kind {
             Kind::DiskFull => "disk-full",
             Kind::JobIgnoresSignal => "job-ignores-signal",
             Kind::JobCrashLoop => "job-crash-loop",
+            Kind::CheckpointFull => "checkpoint-full",
         }
     }
 
@@ -102,7 +106,9 @@ impl Kind {
             Kind::CoordinatorTerm => 2,
             Kind::ShortPartition => 2,
             Kind::Partition | Kind::EngineRestart => 2,
-            Kind::DiskFull | Kind::JobIgnoresSignal | Kind::JobCrashLoop => 1,
+            Kind::DiskFull | Kind::JobIgnoresSignal | Kind::JobCrashLoop | Kind::CheckpointFull => {
+                1
+            }
         }
     }
 }
@@ -339,6 +345,7 @@ async fn run(args: &FaultsRun, rig: Arc<Rig>) -> anyhow::Result<FaultsReport> {
             Kind::DiskFull => disk_full(&mut r).await,
             Kind::JobIgnoresSignal => job_ignores_signal(&mut r).await,
             Kind::JobCrashLoop => job_crash_loop(&mut r).await,
+            Kind::CheckpointFull => checkpoint_full(&mut r).await,
         }
         .unwrap_or_else(|e| Injection {
             kind,
@@ -861,6 +868,25 @@ async fn engine_restart(r: &mut Run) -> anyhow::Result<Injection> {
     Ok(inj)
 }
 
+/// Why pipeline run `id` cannot be read, if it cannot: asked again while the coordinator
+/// answers 429 (too many requests) or not at all, for up to 20 s.
+async fn pipeline_missing(rig: &Rig, id: u64) -> Option<String> {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match rig.api.pipeline(id).await {
+            Ok(_) => return None,
+            Err(e) => {
+                let again = e.status().is_none_or(|s| s.as_u16() == 429);
+                if !again || Instant::now() >= give_up {
+                    return Some(e.to_string());
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
 async fn coordinator_restart(r: &mut Run, sig: &str) -> anyhow::Result<Injection> {
     // A random moment of the busy cluster: nothing is arranged first.
     let wait = Duration::from_millis(r.rng.below(10_000));
@@ -883,10 +909,12 @@ async fn coordinator_restart(r: &mut Run, sig: &str) -> anyhow::Result<Injection
     tokio::time::sleep(r.restart_delay).await;
     r.rig.start_coordinator().await?;
     settle_into(r, &mut inj, down).await;
-    // Every pipeline run is still there.
+    // Every pipeline run is still there. One request per run: paced under the API's rate
+    // limit for the harness's token (20 a second, shared with the watcher and the load), and
+    // only a run the coordinator says it does not know is gone.
     let pipelines: Vec<u64> = r.ledger.lock().unwrap().pipelines.iter().copied().collect();
     for id in pipelines {
-        if let Err(e) = r.rig.api.pipeline(id).await {
+        if let Some(e) = pipeline_missing(&r.rig, id).await {
             inj.violations
                 .push(format!("pipeline run {id} is gone after the restart: {e}"));
         }
@@ -932,7 +960,8 @@ async fn disk_full(r: &mut Run) -> anyhow::Result<Injection> {
     let fill = r.rig.coordinator_data().join("fault-harness-fill");
     fill_up(&fill)?;
     let full = Instant::now();
-    // A submission fails, saying why.
+    // A submission fails, saying why, or is kept: SQLite may still write into the space its
+    // write-ahead log already holds. A job accepted is tracked, and missing at the end is lost.
     let spec = load::spec(&format!(
         "name: fx-while-full\nimage: {}/busybox:latest\ncommand: [true]\ngpus: 1\n",
         load::REGISTRY
@@ -940,10 +969,7 @@ async fn disk_full(r: &mut Run) -> anyhow::Result<Injection> {
     match r.rig.api.submit(&spec).await {
         Ok(j) => {
             r.ledger.lock().unwrap().track(j.id);
-            inj.violations.push(format!(
-                "job {} was accepted while the coordinator's disk was full",
-                j.id
-            ));
+            inj.figures.insert("accepted_while_full".to_owned(), 1.0);
         }
         Err(e) => {
             let msg = e.to_string();
@@ -1157,4 +1183,179 @@ retry: {{limit: 2, backoffSeconds: 2, backoffFactor: 2}}
     }
     settle_into(r, &mut inj, t).await;
     Ok(inj)
+}
+
+/// A job writes its checkpoint volume (shared by every host) full to below the agents'
+/// floor: a job submitted then is refused by its host before anything is done for it, with
+/// no failure counted, and starts once the space is freed.
+async fn checkpoint_full(r: &mut Run) -> anyhow::Result<Injection> {
+    steady(r, Load::Night).await?;
+    let volume = r.rig.checkpoints();
+    let floor = rig::CHECKPOINT_MIN_FREE_MB << 20;
+    let free = free_bytes(&volume)?;
+    let fill_mb = free.saturating_sub(floor / 2) >> 20;
+    let mut inj = injection(
+        Kind::CheckpointFull,
+        format!("{fill_mb} MiB written, {} MiB left", (free >> 20) - fill_mb),
+    );
+    let filler = r
+        .rig
+        .api
+        .submit(&load::spec(&format!(
+            "name: fx-fill
+image: {}/busybox:latest
+command: [sh, -c, 'dd if=/dev/zero of=$NIGHTSHIFT_CHECKPOINT_DIR/{FILL} bs=1048576 count={fill_mb} && sync']
+gpus: 1
+priority: 10
+",
+            load::REGISTRY
+        )))
+        .await?
+        .id;
+    r.ledger.lock().unwrap().track(filler);
+    let rig = r.rig.clone();
+    let filled = crate::until(
+        "the filling job to end",
+        Duration::from_secs(90),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let j = rig.api.job(filler).await.ok()?;
+                j.state.is_finished().then_some(j)
+            }
+        },
+    )
+    .await?;
+    if filled.state != JobState::Succeeded {
+        bail!(
+            "the filling job {filler} ended {}: {}",
+            filled.state.as_str(),
+            filled.message.as_deref().unwrap_or("no message")
+        );
+    }
+    let left = free_bytes(&volume)?;
+    inj.figures
+        .insert("free_mb".to_owned(), (left >> 20) as f64);
+    if left >= floor {
+        bail!("the volume still has {left} bytes free after the fill, above the floor of {floor}");
+    }
+
+    // A job submitted now is refused, says why, and keeps its retries (it has none).
+    let probe = r
+        .rig
+        .api
+        .submit(&load::spec(&format!(
+            "name: fx-after-fill\nimage: {}/busybox:latest\ncommand: [true]\ngpus: 1\npriority: 10\n",
+            load::REGISTRY
+        )))
+        .await?
+        .id;
+    r.ledger.lock().unwrap().track(probe);
+    let submitted = Instant::now();
+    let refused = crate::until(
+        "the job to be refused",
+        Duration::from_secs(60),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let j = rig.api.job(probe).await.ok()?;
+                let said = j
+                    .message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("checkpoint_min_free_bytes"));
+                (said || j.state.is_finished()).then_some(j)
+            }
+        },
+    )
+    .await;
+    match refused {
+        Ok(j) if j.state == JobState::Queued && j.failures == 0 => {
+            inj.figures.insert(
+                "refused_after_s".to_owned(),
+                submitted.elapsed().as_secs_f64(),
+            );
+        }
+        Ok(j) => inj.violations.push(format!(
+            "job {probe}, submitted to a full checkpoint volume, is {} after {} failures: {}",
+            j.state.as_str(),
+            j.failures,
+            j.message.as_deref().unwrap_or("no message")
+        )),
+        Err(e) => inj.violations.push(format!(
+            "job {probe} was not refused for want of checkpoint space: {e}"
+        )),
+    }
+
+    // The operator frees the space: the job starts, with no failure counted.
+    remove_fill(&volume.join("jobs").join(filler.to_string()))?;
+    let freed = Instant::now();
+    let ended = crate::until(
+        "the refused job to end",
+        Duration::from_secs(90),
+        POLL,
+        || {
+            let rig = rig.clone();
+            async move {
+                let j = rig.api.job(probe).await.ok()?;
+                j.state.is_finished().then_some(j)
+            }
+        },
+    )
+    .await;
+    match ended {
+        Ok(j) if j.state == JobState::Succeeded && j.failures == 0 => {
+            inj.figures.insert(
+                "ran_after_space_s".to_owned(),
+                freed.elapsed().as_secs_f64(),
+            );
+        }
+        Ok(j) => inj.violations.push(format!(
+            "job {probe} ended {} after {} failures once space returned: {}",
+            j.state.as_str(),
+            j.failures,
+            j.message.as_deref().unwrap_or("no message")
+        )),
+        Err(e) => inj
+            .violations
+            .push(format!("job {probe} did not run once space returned: {e}")),
+    }
+    settle_into(r, &mut inj, freed).await;
+    Ok(inj)
+}
+
+/// The name of the file the filling job writes.
+const FILL: &str = "fault-harness-fill";
+
+/// Bytes free to an unprivileged writer on the file system holding `path`, as the agent sees
+/// them.
+fn free_bytes(path: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `stat` a place for statvfs to write into; it is
+    // read only after statvfs said it wrote it.
+    #[allow(unsafe_code)]
+    let stat = unsafe {
+        if libc::statvfs(c.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("statvfs {}", path.display()));
+        }
+        stat.assume_init()
+    };
+    Ok(stat.f_bavail * stat.f_frsize)
+}
+
+/// Removes the fill files under `dir`, as an operator freeing the volume would.
+fn remove_fill(dir: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            remove_fill(&path)?;
+        } else if path.file_name().is_some_and(|n| n == FILL) {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
 }

@@ -16,6 +16,11 @@ use nightshift_common::labels;
 
 /// Where tests/cluster/lib.sh keeps everything (`NSC_STATE`).
 pub const STATE: &str = "/var/lib/nightshift-cluster";
+/// Size in MiB of the tmpfs holding the hosts' shared checkpoint directory.
+pub const CHECKPOINT_MB: u64 = 256;
+/// The agents' `checkpoint_min_free_bytes`, in MiB: the checkpoint-full fault fills the
+/// volume below it.
+pub const CHECKPOINT_MIN_FREE_MB: u64 = 64;
 /// The namespace holding the rig's bridge (`NSC_SWITCH`); host i's leg on it is `to-gpuI`.
 const SWITCH: &str = "nsc-switch";
 
@@ -50,6 +55,11 @@ impl Rig {
             .arg(repo.join("tests/cluster/up.sh"))
             .arg(hosts.to_string())
             .env("NSC_COORDINATOR_DATA_MB", data_mb.to_string())
+            .env("NSC_CHECKPOINT_MB", CHECKPOINT_MB.to_string())
+            .env(
+                "NSC_CHECKPOINT_MIN_FREE_MB",
+                CHECKPOINT_MIN_FREE_MB.to_string(),
+            )
             .stdout(Stdio::null())
             .status()
             .context("running tests/cluster/up.sh")?;
@@ -166,6 +176,11 @@ impl Rig {
     pub async fn start_coordinator(&self) -> anyhow::Result<()> {
         self.lib("nsc_coordinator_start && nsc_coordinator_wait 30")
             .await
+    }
+
+    /// The checkpoint directory every host shares (a tmpfs of [`CHECKPOINT_MB`]).
+    pub fn checkpoints(&self) -> PathBuf {
+        Path::new(STATE).join("shared/checkpoints")
     }
 
     /// The coordinator's data directory (a tmpfs of the harness's size).
