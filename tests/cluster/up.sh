@@ -111,6 +111,22 @@ done
 echo "$N" >"$NSC_STATE/hosts"
 nsc_log "network: switch, gateway $NSC_GW and $N hosts in $(nsc_since "$t")s"
 
+# ------------------------------------------------------------------ checkpoints
+# The shared checkpoint directory: the hosts share this machine's file system, so one plain
+# directory is "mounted at the same path on every host" (an NFS mount on a real cluster).
+mkdir -p "$NSC_STATE/shared/checkpoints"
+# NSC_CHECKPOINT_MB=M puts that directory on a tmpfs of M MiB, and NSC_CHECKPOINT_MIN_FREE_MB=F
+# sets the agents' checkpoint_min_free_bytes to F MiB (1 GiB, the default, otherwise), so that
+# the fault harness can fill the volume below the floor; down.sh unmounts it with the rest.
+# Mounted before the engines start: each runs in a mount namespace of its own (ip netns exec),
+# copied from this one when it starts, and must see the tmpfs to bind it into job containers.
+if [ -n "${NSC_CHECKPOINT_MB:-}" ]; then
+  [[ $NSC_CHECKPOINT_MB =~ ^[0-9]+$ ]] || nsc_die "NSC_CHECKPOINT_MB must be a number of MiB, not [$NSC_CHECKPOINT_MB]"
+  mount -t tmpfs -o "size=${NSC_CHECKPOINT_MB}m,mode=0755" nsc-checkpoints "$NSC_STATE/shared/checkpoints"
+fi
+min_free_mb=${NSC_CHECKPOINT_MIN_FREE_MB:-1024}
+[[ $min_free_mb =~ ^[0-9]+$ ]] || nsc_die "NSC_CHECKPOINT_MIN_FREE_MB must be a number of MiB, not [$min_free_mb]"
+
 # ------------------------------------------------------------------ engines
 t=$(nsc_now)
 for i in $(seq 1 "$N"); do nsc_engine_start "$i"; done
@@ -176,18 +192,6 @@ done
 # config.json the rig writes here. Every host reads the same file.
 auth=$(printf '%s:%s' "$NSC_REGISTRY_USER" "$password" | base64 -w0)
 (umask 077 && printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$NSC_REGISTRY" "$auth" >"$NSC_STATE/registry-auth.json")
-# The shared checkpoint directory: the hosts share this machine's file system, so one plain
-# directory is "mounted at the same path on every host" (an NFS mount on a real cluster).
-mkdir -p "$NSC_STATE/shared/checkpoints"
-# NSC_CHECKPOINT_MB=M puts that directory on a tmpfs of M MiB, and NSC_CHECKPOINT_MIN_FREE_MB=F
-# sets the agents' checkpoint_min_free_bytes to F MiB (1 GiB, the default, otherwise), so that
-# the fault harness can fill the volume below the floor; down.sh unmounts it with the rest.
-if [ -n "${NSC_CHECKPOINT_MB:-}" ]; then
-  [[ $NSC_CHECKPOINT_MB =~ ^[0-9]+$ ]] || nsc_die "NSC_CHECKPOINT_MB must be a number of MiB, not [$NSC_CHECKPOINT_MB]"
-  mount -t tmpfs -o "size=${NSC_CHECKPOINT_MB}m,mode=0755" nsc-checkpoints "$NSC_STATE/shared/checkpoints"
-fi
-min_free_mb=${NSC_CHECKPOINT_MIN_FREE_MB:-1024}
-[[ $min_free_mb =~ ^[0-9]+$ ]] || nsc_die "NSC_CHECKPOINT_MIN_FREE_MB must be a number of MiB, not [$min_free_mb]"
 nsc_log "images: pushed ${#images[@]} to $NSC_REGISTRY in $(nsc_since "$t")s (the agents pull them)"
 
 # ------------------------------------------------------------------ coordinator

@@ -436,7 +436,14 @@ async fn run(args: &FaultsRun, rig: Arc<Rig>) -> anyhow::Result<FaultsReport> {
     } else {
         bail!("the coordinator does not answer at the end of the run");
     }
-    let kinds_summary = kinds
+    // One row per kind, in the order first asked (`--kinds` may name one twice).
+    let mut rows: Vec<Kind> = Vec::new();
+    for k in &kinds {
+        if !rows.contains(k) {
+            rows.push(*k);
+        }
+    }
+    let kinds_summary = rows
         .iter()
         .map(|&k| {
             let of: Vec<&Injection> = injections.iter().filter(|i| i.kind == k).collect();
