@@ -478,13 +478,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 Step::FailStart {
                     lease,
                     message,
-                    refused_by_host: false,
-                } => self.fail_start(&lease, message),
-                Step::FailStart {
-                    lease,
-                    message,
-                    refused_by_host: true,
-                } => self.refuse_start(&lease, message),
+                    refused_by_host,
+                } => self.fail_start(&lease, message, refused_by_host),
                 Step::Remove(c) => self.remove(&c).await,
                 Step::Note(note) => self.note(note),
                 Step::GiveUp(stuck) => return Err(stuck.into()),
@@ -495,27 +490,17 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     }
 
     /// Records that `lease`'s job cannot start, for `reason`: its attempt is reported as
-    /// failed and the node's other leases go on.
-    fn fail_start(&mut self, lease: &LeaseGrant, reason: String) {
+    /// failed (or, `refused_by_host`, as refused: no failure is counted) and the node's other
+    /// leases go on.
+    fn fail_start(&mut self, lease: &LeaseGrant, reason: String, refused_by_host: bool) {
         tracing::warn!(
             node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
-            reason = %reason, "job cannot start"
+            reason = %reason, refused_by_host, "job cannot start"
         );
-        self.mem
-            .start_failures
-            .insert(lease.lease_id, StartFailure::new(lease, reason));
-    }
-
-    /// Records that the host refuses to start `lease`'s job, for `reason` (its checkpoint
-    /// volume is short of space): reported as refused, so that no failure is counted.
-    fn refuse_start(&mut self, lease: &LeaseGrant, reason: String) {
-        tracing::warn!(
-            node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
-            reason = %reason, "refusing to start a job"
+        self.mem.start_failures.insert(
+            lease.lease_id,
+            StartFailure::reported(lease, reason, refused_by_host),
         );
-        self.mem
-            .start_failures
-            .insert(lease.lease_id, StartFailure::refused(lease, reason));
     }
 
     fn note(&self, note: Note) {
@@ -668,7 +653,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         .cloned()
                         .collect();
                     for lease in failed {
-                        self.fail_start(&lease, e.to_string());
+                        self.fail_start(&lease, e.to_string(), false);
                     }
                 }
                 Err(e) => {
@@ -842,7 +827,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     );
                     self.restored.insert(id, (lease, restored, false));
                 }
-                Err(e) => self.fail_start(&lease, format!("restoring the checkpoint: {e}")),
+                Err(e) => self.fail_start(&lease, format!("restoring the checkpoint: {e}"), false),
             }
         }
         let listed: HashSet<u64> = leases.iter().map(|l| l.lease_id).collect();
@@ -1008,7 +993,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     e @ (EngineError::ImageMissing(_)
                     | EngineError::Refused { .. }
                     | EngineError::PullFailed { .. }),
-                ) => self.fail_start(lease, e.to_string()),
+                ) => self.fail_start(lease, e.to_string(), false),
                 Err(e) => return Err(e.into()),
             }
         }

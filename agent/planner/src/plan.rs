@@ -108,7 +108,8 @@ impl StartFailure {
         Self::reported(lease, message, true)
     }
 
-    fn reported(lease: &LeaseGrant, message: String, refused_by_host: bool) -> Self {
+    /// Either, as `refused_by_host` says.
+    pub fn reported(lease: &LeaseGrant, message: String, refused_by_host: bool) -> Self {
         Self {
             run: JobRun {
                 job_id: lease.job_id,

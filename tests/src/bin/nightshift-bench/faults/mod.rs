@@ -1138,18 +1138,11 @@ retry: {{limit: 2, backoffSeconds: 2, backoffFactor: 2}}
     r.ledger.lock().unwrap().track(job);
     let mut inj = injection(Kind::JobCrashLoop, format!("job {job}"));
     let t = Instant::now();
-    let rig = r.rig.clone();
-    let end = crate::until(
-        "the crash-looping job to end",
+    let end = job_end(
+        &r.rig,
+        job,
+        "the crash-looping job",
         Duration::from_secs(120),
-        POLL,
-        || {
-            let rig = rig.clone();
-            async move {
-                let j = rig.api.job(job).await.ok()?;
-                j.state.is_finished().then_some(j)
-            }
-        },
     )
     .await
     .ok();
@@ -1220,20 +1213,7 @@ priority: 10
         .await?
         .id;
     r.ledger.lock().unwrap().track(filler);
-    let rig = r.rig.clone();
-    let filled = crate::until(
-        "the filling job to end",
-        Duration::from_secs(90),
-        POLL,
-        || {
-            let rig = rig.clone();
-            async move {
-                let j = rig.api.job(filler).await.ok()?;
-                j.state.is_finished().then_some(j)
-            }
-        },
-    )
-    .await?;
+    let filled = job_end(&r.rig, filler, "the filling job", Duration::from_secs(90)).await?;
     if filled.state != JobState::Succeeded {
         bail!(
             "the filling job {filler} ended {}: {}",
@@ -1260,6 +1240,7 @@ priority: 10
         .id;
     r.ledger.lock().unwrap().track(probe);
     let submitted = Instant::now();
+    let rig = r.rig.clone();
     let refused = crate::until(
         "the job to be refused",
         Duration::from_secs(60),
@@ -1298,19 +1279,7 @@ priority: 10
     // The operator frees the space: the job starts, with no failure counted.
     remove_fill(&volume.join("jobs").join(filler.to_string()))?;
     let freed = Instant::now();
-    let ended = crate::until(
-        "the refused job to end",
-        Duration::from_secs(90),
-        POLL,
-        || {
-            let rig = rig.clone();
-            async move {
-                let j = rig.api.job(probe).await.ok()?;
-                j.state.is_finished().then_some(j)
-            }
-        },
-    )
-    .await;
+    let ended = job_end(&r.rig, probe, "the refused job", Duration::from_secs(90)).await;
     match ended {
         Ok(j) if j.state == JobState::Succeeded && j.failures == 0 => {
             inj.figures.insert(
@@ -1330,6 +1299,23 @@ priority: 10
     }
     settle_into(r, &mut inj, freed).await;
     Ok(inj)
+}
+
+/// Job `id` once it has finished, polled for up to `limit`; `what` names it in the error.
+async fn job_end(
+    rig: &Arc<Rig>,
+    id: u64,
+    what: &str,
+    limit: Duration,
+) -> anyhow::Result<nightshift_common::JobView> {
+    crate::until(&format!("{what} to end"), limit, POLL, || {
+        let rig = rig.clone();
+        async move {
+            let j = rig.api.job(id).await.ok()?;
+            j.state.is_finished().then_some(j)
+        }
+    })
+    .await
 }
 
 /// The name of the file the filling job writes.
