@@ -26,6 +26,8 @@ fi
 # - postgresql (with psql): the coordinator's PostgreSQL store is tested against a throwaway
 #   server (tests/postgres.sh, below), never the package's own service;
 # - openssl: tests/postgres.sh makes that server's TLS certificate with it.
+# - faketime (libfaketime): coordinator/tests/lifecycle.rs steps the coordinator's wall clock
+#   under it.
 missing=()
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
@@ -36,6 +38,7 @@ python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/n
 { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || missing+=(chromium chromium-driver)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "tests/run.sh: installing ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
@@ -140,8 +143,9 @@ else
     part "the fuzz targets" bash tests/fuzz.sh
 fi
 
-# The packages: build the .deb and .rpm (a release build; cargo-deb and cargo-generate-rpm
-# are installed when missing), check them, install, validate and purge the .debs.
+# The packages: build the .deb and .rpm (a release build, then dpkg-deb and rpmbuild from the
+# crates' package metadata: packaging/build.sh), check them, install, validate and purge the
+# .debs, then boot them under systemd in a container.
 if [ "${NIGHTSHIFT_SKIP_PACKAGES:-}" = 1 ]; then
     echo "tests/run.sh: NIGHTSHIFT_SKIP_PACKAGES=1: the package test did not run" >&2
 else

@@ -9,14 +9,17 @@
 //! of it; the first call to find no write in progress writes everything queued in one
 //! transaction (one fsync), and each call answers once its own batch is on disk. Calls that
 //! arrive during a write share the next one, so the fsync rate stays flat as calls grow.
+//!
+//! A failed write takes its changes back: the core is rebuilt from the store, its id counters
+//! kept where they had reached, so that no id names two things. Reads answer from what is
+//! saved only ([`Cluster::read`]); only what monitors read peeks at memory ([`Cluster::peek`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use nightshift_common::UnixMillis;
-use nightshift_core::{Core, CoreConfig, CoreError, Effect};
+use nightshift_core::{Core, CoreConfig, CoreError, CoreSnapshot, Effect};
 use tokio::sync::{Notify, watch};
 
 use crate::config::AccountingConfig;
@@ -85,7 +88,8 @@ const FAILURES_KEPT: usize = 64;
 
 pub struct Cluster {
     inner: Mutex<Inner>,
-    /// Lock order: `store`, then `inner`, then `queue`; `settled` is taken alone.
+    /// Lock order: `store`, then `inner`, then `queue`, then `settled`, which is never held
+    /// while another is taken.
     store: Mutex<Store>,
     queue: Mutex<Queue>,
     settled: Mutex<Settled>,
@@ -128,11 +132,9 @@ struct Staged {
     moved: Vec<(String, u64)>,
 }
 
-/// Wall-clock milliseconds since the Unix epoch: the only clock the core is given.
+/// Unix milliseconds that never step ([`crate::clock`]): the only clock the core is given.
 pub fn now_ms() -> UnixMillis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::clock::now_ms()
 }
 
 /// Runs `f`, which blocks (a write and its fsync), on this thread; on a multi-threaded
@@ -150,6 +152,16 @@ fn in_place<T>(f: impl FnOnce() -> T) -> T {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Keeps `snapshot`'s id counters (job ids, lease ids, fencing epochs) at least where `lost`'s
+/// had reached, for the core rebuilt from it after a failed write: the lost core may have
+/// given ids the store never saved, and no id may name two things.
+fn keep_counters(snapshot: &mut CoreSnapshot, lost: &Core) {
+    let (job, lease, epoch) = lost.next_ids();
+    snapshot.next_job_id = snapshot.next_job_id.max(job);
+    snapshot.next_lease_id = snapshot.next_lease_id.max(lease);
+    snapshot.next_epoch = snapshot.next_epoch.max(epoch);
 }
 
 impl Cluster {
@@ -511,10 +523,18 @@ impl Cluster {
     }
 
     /// Writes every queued batch in one transaction, then settles them. The caller has set
-    /// `committing`; this clears it. If the write fails, the core is rebuilt from the store
-    /// and every batch staged since (built on the lost changes) fails too.
+    /// `committing`; this clears it.
     fn commit(&self) {
         let mut store = lock(&self.store);
+        self.write_queued(&mut store, None, true);
+    }
+
+    /// Writes every queued batch in one transaction and settles them, before the caller lets
+    /// go of the store (so that no later write settles first). If the write fails, the core
+    /// is rebuilt from the store and every batch staged since (built on the lost changes)
+    /// fails too. `inner`: the core, when the caller holds it already; `committer`: whether
+    /// the caller set `committing`, which this then clears.
+    fn write_queued(&self, store: &mut Store, inner: Option<&mut Inner>, committer: bool) {
         let (batch, upto) = {
             let mut queue = lock(&self.queue);
             (std::mem::take(&mut queue.pending), queue.staged)
@@ -532,7 +552,14 @@ impl Cluster {
             Err(e) => {
                 let logged = self.note_failed(&e);
                 let from = upto + 1 - batch.len() as u64;
-                let mut inner = lock(&self.inner);
+                let mut held;
+                let inner = match inner {
+                    Some(inner) => inner,
+                    None => {
+                        held = lock(&self.inner);
+                        &mut *held
+                    }
+                };
                 {
                     let mut queue = lock(&self.queue);
                     queue.pending.clear();
@@ -549,15 +576,16 @@ impl Cluster {
                         );
                     }
                 } else {
-                    self.reload(&mut inner, &store, logged);
+                    self.reload(inner, store, logged);
                 }
                 failed = Some((from, settled_upto, Arc::new(e)));
             }
         }
-        drop(store);
         let mut settled = lock(&self.settled);
         settled.upto = settled.upto.max(settled_upto);
-        settled.committing = false;
+        if committer {
+            settled.committing = false;
+        }
         if let Some(f) = failed {
             settled.failures.push_back(f);
             if settled.failures.len() > FAILURES_KEPT {
@@ -610,8 +638,10 @@ impl Cluster {
         }
     }
 
-    /// Rebuilds the core and the pipeline runs from what the store holds; `log` says whether
-    /// a failure to do so is logged (a run of them is summarised with the failed writes).
+    /// Rebuilds the core and the pipeline runs from what the store holds, their id counters
+    /// kept where they had reached (the lost changes may have given ids the store never
+    /// saved, and an id names one thing only); `log` says whether a failure to do so is
+    /// logged (a run of them is summarised with the failed writes).
     fn reload(&self, inner: &mut Inner, store: &Store, log: bool) {
         // Image records queued since the last good commit may be lost with it: forget them,
         // so that the heartbeats repeating them queue them again.
@@ -621,10 +651,14 @@ impl Cluster {
             Ok((snapshot, pipelines))
         });
         match rebuilt {
-            Ok((snapshot, pipelines)) => {
+            Ok((mut snapshot, pipelines)) => {
+                keep_counters(&mut snapshot, &inner.core);
                 inner.core = Core::restore(self.config.clone(), snapshot, now_ms());
                 match Pipelines::restore(pipelines) {
-                    Ok(p) => inner.pipelines = p,
+                    Ok(mut p) => {
+                        p.continue_ids_from(inner.pipelines.next_id());
+                        inner.pipelines = p;
+                    }
                     Err(reason) if log => {
                         tracing::error!(%reason, "pipelines cannot be rebuilt from the store")
                     }
@@ -662,34 +696,54 @@ impl Cluster {
     }
 
     /// Reads the core at the current time. What it reads was saved: if calls before it are
-    /// still being written, it waits for them.
-    pub fn read<T>(&self, f: impl FnOnce(&Core, UnixMillis) -> T) -> T {
+    /// still being written, it waits for them, and if their write fails (which takes their
+    /// changes back), it reads again what the store holds. (A write refused because another
+    /// coordinator leads takes nothing back: the leadership drops this core instead.)
+    pub fn read<T>(&self, f: impl Fn(&Core, UnixMillis) -> T) -> T {
         self.read_saved(|inner| f(&inner.core, now_ms()))
     }
 
     /// Reads the core and the pipeline runs; what it reads was saved, as with
     /// [`Cluster::read`]. So what the store holds beside them (the images a finished step's
     /// jobs ran, written in the same batch as their end) is there to be read after.
-    pub fn read_pipelines<T>(&self, f: impl FnOnce(&Core, &Pipelines) -> T) -> T {
+    pub fn read_pipelines<T>(&self, f: impl Fn(&Core, &Pipelines) -> T) -> T {
         self.read_saved(|inner| f(&inner.core, &inner.pipelines))
     }
 
     /// Reads the core as it is in memory, which may run ahead of the store by the batch
-    /// being written: for `/metrics`, which must not wait for commits.
+    /// being written, or by one whose write is failing and is about to be taken back: for
+    /// what monitors read (`/metrics`, Prometheus' targets), which must not wait for commits.
+    /// Nothing a client acts on reads this way.
     pub fn peek<T>(&self, f: impl FnOnce(&Core) -> T) -> T {
         f(&lock(&self.inner).core)
     }
 
-    fn read_saved<T>(&self, f: impl FnOnce(&Inner) -> T) -> T {
+    /// Reads what the core holds once the batches staged before the read are written. The
+    /// usual way reads first and then waits; if a batch it waited for failed, the core has
+    /// been rebuilt from the store since, and the read is made again by [`Cluster::with_saved`],
+    /// once: however long writes keep failing, a read reads at most twice.
+    fn read_saved<T>(&self, f: impl Fn(&Inner) -> T) -> T {
         let (value, seq) = {
             let inner = lock(&self.inner);
             let seq = lock(&self.queue).staged;
             (f(&inner), seq)
         };
-        // A failed write has rebuilt the core already; the caller sees the error on its
-        // next change, so a read only waits.
-        let _ = self.durable_blocking(seq);
-        value
+        match self.durable_blocking(seq) {
+            Ok(()) => value,
+            // What `f` read may be a change taken back.
+            Err(_) => in_place(|| self.with_saved(|_, inner| f(inner))),
+        }
+    }
+
+    /// Runs `f` on the store and a core that matches it: holding both, so that nothing is
+    /// written or staged meanwhile, it writes what is queued (or, if that fails, rebuilds the
+    /// core from the store) first. For reads that must not show a change a failed write
+    /// takes back, whatever the writes do; it holds up the core's callers for one write.
+    fn with_saved<T>(&self, f: impl FnOnce(&Store, &Inner) -> T) -> T {
+        let mut store = lock(&self.store);
+        let mut inner = lock(&self.inner);
+        self.write_queued(&mut store, Some(&mut inner), false);
+        f(&store, &inner)
     }
 
     /// A receiver of `node`'s desired-state version, or `None` for an unknown node.
@@ -702,11 +756,10 @@ impl Cluster {
         f(&lock(&self.store))
     }
 
-    /// Reads the store (accounting queries).
+    /// Reads the store beside the core (accounting queries: the ended leases the store holds
+    /// and the running ones the core does), both as saved.
     pub fn read_store<T>(&self, f: impl FnOnce(&Store, &Core, UnixMillis) -> T) -> T {
-        let store = lock(&self.store);
-        let inner = lock(&self.inner);
-        f(&store, &inner.core, now_ms())
+        in_place(|| self.with_saved(|store, inner| f(store, &inner.core, now_ms())))
     }
 
     /// When the core next wants a tick.
@@ -775,6 +828,153 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(cluster.unhealthy().as_deref(), Some("shutting down"));
+    }
+
+    /// A write that fails takes back the changes it carried, but not the ids they were
+    /// given: the job id, lease id, fencing epoch and pipeline run id handed out by the lost
+    /// changes are never handed out again, though the store never saved them. The write
+    /// fails for real: another connection holds the database's write lock for longer than
+    /// the store waits for it (its busy timeout, 5 s).
+    #[test]
+    fn a_failed_write_hands_out_no_id_twice() {
+        use nightshift_common::{
+            GpuInfo, Heartbeat, JobRun, JobRunState, JobSpec, LeaseGrant, ReplicaState,
+            ReplicaStatus,
+        };
+        use nightshift_core::{ScaleDown, ServicePolicy};
+        const WORKFLOW: &str = "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  \
+            name: w\nspec:\n  entrypoint: main\n  templates:\n  - name: main\n    dag:\n      \
+            tasks:\n      - {name: A, template: echo}\n  - name: echo\n    container:\n      \
+            image: busybox\n";
+        let dir = tempfile::tempdir().unwrap();
+        let config = CoreConfig {
+            services: vec![ServicePolicy {
+                name: "chat".into(),
+                min_replicas: 0,
+                cooldown_ms: 0,
+                scale_down: ScaleDown {
+                    window_ms: 200,
+                    ..ScaleDown::default()
+                },
+                ..ServicePolicy::default()
+            }],
+            ..CoreConfig::default()
+        };
+        let store = Store::open(dir.path()).unwrap();
+        let cluster = Cluster::open(config, AccountingConfig::default(), store).unwrap();
+        let spec = |name: &str| -> JobSpec {
+            serde_json::from_value(
+                serde_json::json!({"name": name, "image": "trainer:1", "gpus": 1}),
+            )
+            .unwrap()
+        };
+        let gpus = (0..4)
+            .map(|index| GpuInfo {
+                index,
+                uuid: format!("GPU-{index}"),
+                name: "t".into(),
+                memory_total_bytes: 1,
+            })
+            .collect();
+        cluster
+            .apply(|core, now| core.register(now, "n1", "chat", gpus))
+            .unwrap();
+        cluster
+            .apply(|core, now| core.submit(now, spec("first")))
+            .unwrap();
+        // The idle node is lent; once its replica is stopped, the job is leased to it.
+        let beat = |replica, applied, lease: Option<&LeaseGrant>| {
+            let runs = lease.map(|l| JobRun {
+                job_id: l.job_id,
+                attempt: l.attempt,
+                lease_id: l.lease_id,
+                epoch: l.epoch,
+                gpus: l.gpus.clone(),
+                state: JobRunState::Running,
+                last_checkpoint_at: None,
+                outputs: Default::default(),
+                image_id: None,
+                image_digest: None,
+                ready: false,
+            });
+            Heartbeat::report(
+                ReplicaStatus::idle(replica),
+                runs.into_iter().collect(),
+                applied,
+            )
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut applied = 0;
+        let first = loop {
+            let replica = if applied == 0 {
+                ReplicaState::Serving
+            } else {
+                ReplicaState::Stopped
+            };
+            let desired = cluster
+                .apply(|core, now| {
+                    core.heartbeat(now, "n1", beat(replica, applied, None))?;
+                    Ok(core.desired("n1").unwrap())
+                })
+                .unwrap();
+            if !desired.serve {
+                applied = desired.version;
+            }
+            if let Some(l) = desired.leases.first() {
+                break l.clone();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no lease: {desired:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        // One more job, leased at once, and a pipeline run, in one batch of changes: the ids
+        // each was given.
+        let give = |core: &mut Core,
+                    pipelines: &mut Pipelines,
+                    now: UnixMillis,
+                    name: &str|
+         -> Result<[u64; 4], CoreError> {
+            core.heartbeat(
+                now,
+                "n1",
+                beat(ReplicaState::Stopped, applied, Some(&first)),
+            )?;
+            let job = core.submit(now, spec(name))?;
+            cluster.decide(core, now);
+            let lease = core
+                .job(job)
+                .and_then(|j| j.leases.first().cloned())
+                .expect("the job is leased at once");
+            let run = pipelines
+                .submit(now, "wf.yaml", WORKFLOW, Default::default())
+                .unwrap();
+            Ok([job, lease.lease_id, lease.epoch, run])
+        };
+
+        let blocker = rusqlite::Connection::open(dir.path().join("nightshift.db")).unwrap();
+        blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let mut lost = None;
+        let failed = cluster.apply_with_pipelines(|core, pipelines, now| {
+            lost = Some(give(core, pipelines, now, "lost")?);
+            Ok(())
+        });
+        assert!(matches!(failed, Err(ApplyError::Store(_))), "{failed:?}");
+        let lost = lost.unwrap();
+        assert_eq!(cluster.read(|core, _| core.job(lost[0])), None);
+        drop(blocker);
+
+        let saved = cluster
+            .apply_with_pipelines(|core, pipelines, now| give(core, pipelines, now, "saved"))
+            .unwrap();
+        let names = ["job id", "lease id", "epoch", "pipeline run id"];
+        for ((name, lost), saved) in names.iter().zip(lost).zip(saved) {
+            assert!(
+                saved > lost,
+                "{name} {saved} handed out again: the failed write had given it"
+            );
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! `nightshift demo` is nightshift-devcluster (tests/devcluster).
 
 pub mod auth;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod health;

@@ -174,6 +174,14 @@ impl Metrics {
         queue_length.set(queued);
         registry.register("queue_length", "Jobs waiting in the queue", queue_length);
 
+        let wall_offset = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        wall_offset.set(crate::clock::wall_offset_ms() as f64 / 1000.0);
+        registry.register(
+            "wall_clock_offset_seconds",
+            "How far the wall clock has stepped from the coordinator's monotonic time since it started (leases and liveness keep the latter)",
+            wall_offset,
+        );
+
         let harvested = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
         for service in &services {
             harvested

@@ -96,6 +96,7 @@ pub async fn stopping(cluster: Arc<Cluster>, shutdown: impl Future<Output = ()>)
 /// second.
 pub(crate) async fn tick(cluster: Arc<Cluster>) {
     loop {
+        crate::clock::note_step();
         let now = now_ms();
         let wait = cluster.next_deadline().map_or(MAX_TICK, |d| {
             Duration::from_millis(d.saturating_sub(now)).min(MAX_TICK)

@@ -150,7 +150,10 @@ impl Core {
                     node: l.node.clone(),
                     gpus: l.gpus.clone(),
                     granted_at: l.granted_at,
-                    expires_at: l.expires_at.max(now + ttl),
+                    // Renewed as a heartbeat would: a TTL from now, never the saved expiry,
+                    // which a clock ahead of this one (a stepped wall clock, another
+                    // coordinator's) may have put far in the future.
+                    expires_at: now + ttl,
                     revoked: l.revoked,
                     granted_version: 0,
                     ready: false,

@@ -218,6 +218,32 @@ fn restore_keeps_every_job_and_lease_and_fencing_continues_upwards() {
     c.run(10);
 }
 
+/// A core restored on a clock an hour behind the one that saved it (a stepped wall clock, a
+/// standby's skewed one) gives every lease one TTL from its own now, not the saved expiry an
+/// hour ahead: a node that never reports again loses its lease after a TTL.
+#[test]
+fn a_restore_on_a_clock_behind_renews_leases_for_one_ttl_only() {
+    let mut c = node_a_with_train(2, 100);
+    c.run(8);
+    let saved_ahead = {
+        let mut s = c.snapshot();
+        for job in &mut s.jobs {
+            for l in &mut job.leases {
+                l.expires_at += 3_600_000;
+            }
+        }
+        s
+    };
+    assert!(saved_ahead.jobs.iter().any(|j| !j.leases.is_empty()));
+    let restored = Core::restore(config(0), saved_ahead, c.now);
+    let ttl = restored.config().lease_ttl_ms;
+    for job in restored.jobs() {
+        for l in &job.leases {
+            assert_eq!(l.expires_at, c.now + ttl, "job {}: {l:?}", job.id);
+        }
+    }
+}
+
 #[test]
 fn leases_restored_for_a_node_not_yet_known_are_its_own_once_it_registers() {
     let mut c = node_a_with_train(2, 100);
