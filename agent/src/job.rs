@@ -319,9 +319,23 @@ pub fn container_spec(
     // host that does not hold the job's checkpoint (local storage) starts from nothing, and
     // says so.
     let resuming = dirs.has_checkpoint();
-    let mut env_vars: Vec<(String, String)> = job
+    // The GPU variables are the agent's alone, whatever the job says: the coordinator refuses
+    // a job that sets one, but a job saved before that rule (or sent by an older coordinator)
+    // may still carry one, and next to a device request it could reach every GPU of the host.
+    let (gpu_vars, own): (Vec<_>, Vec<_>) = job
         .env
         .iter()
+        .partition(|e| nightshift_common::is_gpu_variable(&e.name));
+    if !gpu_vars.is_empty() {
+        let names: Vec<&str> = gpu_vars.iter().map(|e| e.name.as_str()).collect();
+        tracing::warn!(
+            job.id = lease.job_id,
+            variables = %names.join(","),
+            "the job sets GPU variables; they are left out: the agent alone selects its GPUs"
+        );
+    }
+    let mut env_vars: Vec<(String, String)> = own
+        .into_iter()
         .map(|e| (e.name.clone(), e.value.clone()))
         .collect();
     env_vars.extend([
@@ -532,6 +546,45 @@ mod tests {
         assert_eq!(spec.stop_signal.as_deref(), Some("SIGUSR1"));
         assert_eq!(spec.name, "nightshift-job-n1-3-9");
         assert!(spec.binds[0].0.ends_with("jobs/3/checkpoint"));
+    }
+
+    #[test]
+    fn a_jobs_own_gpu_variables_are_never_passed_on() {
+        // A job saved before the coordinator refused them: in both GPU modes the container
+        // gets the agent's selection only.
+        let mut lease = lease();
+        lease.job.env = [
+            ("NVIDIA_VISIBLE_DEVICES", "all"),
+            ("LR", "0.1"),
+            ("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"),
+            ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+            ("NVIDIA_REQUIRE_CUDA", "cuda>=99"),
+            ("ROCR_VISIBLE_DEVICES", "0"),
+        ]
+        .map(|(name, value)| EnvVar {
+            name: name.into(),
+            value: value.into(),
+        })
+        .to_vec();
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = JobDirs::new(dir.path(), 3);
+        for gpus in [
+            GpuAccess::DeviceRequest {
+                device_ids: vec!["GPU-b".into(), "GPU-c".into()],
+            },
+            GpuAccess::VisibleDevicesEnv {
+                indices: vec![1, 2],
+            },
+        ] {
+            let spec = container_spec("n1", &lease, &dirs, gpus.clone(), "0.0.0.0");
+            let names: Vec<&str> = spec.env.iter().map(|(k, _)| k.as_str()).collect();
+            assert!(
+                !names.iter().any(|n| nightshift_common::is_gpu_variable(n)),
+                "{gpus:?}: {names:?}"
+            );
+            assert!(names.contains(&"LR"), "{names:?}");
+            assert_eq!(spec.gpus, gpus);
+        }
     }
 
     #[test]

@@ -224,6 +224,46 @@ pub const CHECKPOINT_SIGNALS: &[&str] = &[
     "SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT",
 ];
 
+/// The variables that choose a container's GPUs, or the driver features and host devices
+/// that come with them: read by the NVIDIA container toolkit's hook as it sets the container
+/// up, and by the CUDA and ROCm runtimes inside it. They are the agent's alone (it gives a job
+/// the GPUs of its lease, and nothing else): a job that sets one is refused, and an agent
+/// never passes a job's own value on. With Docker device requests a job's
+/// `NVIDIA_VISIBLE_DEVICES=all` beside the request could otherwise reach every GPU of the
+/// host, depending on the toolkit's settings.
+pub const GPU_VARIABLES: &[&str] = &[
+    // The toolkit: which GPUs, which driver libraries, which checks, which MIG devices.
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_DISABLE_REQUIRE",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    // The toolkit's features that mount more host devices or create them.
+    "NVIDIA_IMEX_CHANNELS",
+    "NVIDIA_GDS",
+    "NVIDIA_GDRCOPY",
+    "NVIDIA_MOFED",
+    "NVIDIA_NVSWITCH",
+    "NVIDIA_ALLOW_ADDITIONAL_GIDS",
+    // The runtimes inside the container, and AMD's container toolkit.
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "AMD_VISIBLE_DEVICES",
+];
+
+/// Whether `name` is one of the [`GPU_VARIABLES`], or an `NVIDIA_REQUIRE_*` constraint the
+/// toolkit checks the driver against.
+pub fn is_gpu_variable(name: &str) -> bool {
+    GPU_VARIABLES.contains(&name) || name.starts_with("NVIDIA_REQUIRE_")
+}
+
+/// The rule a job's environment variable `name` breaks when it is a GPU variable.
+pub fn gpu_variable_rule(name: &str) -> String {
+    format!("{name} is the agent's to set: it gives a job the GPUs of its lease, and no others")
+}
+
 /// Longest grace period a job may ask for: one hour.
 pub const MAX_GRACE_SECONDS: u32 = 3600;
 
@@ -280,12 +320,12 @@ impl JobSpec {
         if self.name.len() > 128 {
             return Err(SpecError::new("name", "must be at most 128 characters"));
         }
-        // It is the container's NIGHTSHIFT_JOB_NAME: a NUL stops the container from starting.
-        if self.name.chars().any(char::is_control) {
-            return Err(SpecError::new(
-                "name",
-                "must not contain control characters",
-            ));
+        // People tell jobs apart by their names and teams: no character a display hides
+        // (zero-width, bidi controls, ...), nor a control character (it is the container's
+        // NIGHTSHIFT_JOB_NAME: a NUL stops the container from starting).
+        crate::hidden::check(&self.name).map_err(|rule| SpecError::new("name", rule))?;
+        if let Some(owner) = &self.owner {
+            crate::hidden::check(owner).map_err(|rule| SpecError::new("owner", rule))?;
         }
         if self.image.trim().is_empty() {
             return Err(SpecError::new("image", "must not be empty"));
@@ -383,6 +423,12 @@ impl JobSpec {
                     "the NIGHTSHIFT_ prefix is reserved for variables the agent sets",
                 ));
             }
+            if is_gpu_variable(&var.name) {
+                return Err(SpecError::new(
+                    format!("env[{i}].name"),
+                    gpu_variable_rule(&var.name),
+                ));
+            }
             if var.value.contains('\0') {
                 return Err(SpecError::new(
                     format!("env[{i}].value"),
@@ -429,6 +475,8 @@ impl JobSpec {
                     "must be a non-empty name without '/'",
                 ));
             }
+            crate::hidden::check(&f.name)
+                .map_err(|rule| SpecError::new(format!("capture.files[{i}].name"), rule))?;
         }
         if !CHECKPOINT_SIGNALS.contains(&self.checkpoint.signal.as_str()) {
             return Err(SpecError::new(
@@ -605,6 +653,46 @@ mod tests {
             value: "x".into(),
         });
         assert_eq!(s.validate().unwrap_err().field, "env[0].name");
+    }
+
+    #[test]
+    fn gpu_variables_are_the_agents_alone() {
+        for name in [
+            "NVIDIA_VISIBLE_DEVICES",
+            "CUDA_VISIBLE_DEVICES",
+            "NVIDIA_DRIVER_CAPABILITIES",
+            "NVIDIA_REQUIRE_CUDA",
+            "NVIDIA_REQUIRE_ARCH",
+            "NVIDIA_DISABLE_REQUIRE",
+            "NVIDIA_MIG_CONFIG_DEVICES",
+            "NVIDIA_MIG_MONITOR_DEVICES",
+            "NVIDIA_IMEX_CHANNELS",
+            "ROCR_VISIBLE_DEVICES",
+            "HIP_VISIBLE_DEVICES",
+            "GPU_DEVICE_ORDINAL",
+        ] {
+            let mut s = spec();
+            s.env = vec![env("HF_HOME", "/data"), env(name, "all")];
+            assert_eq!(
+                s.validate().unwrap_err().to_string(),
+                format!(
+                    "env[1].name: {name} is the agent's to set: it gives a job the GPUs of \
+                     its lease, and no others"
+                )
+            );
+        }
+        // Variables of the same families that choose nothing stay the job's.
+        for name in [
+            "CUDA_DEVICE_ORDER",
+            "NVIDIA_TF32_OVERRIDE",
+            "CUDA_LAUNCH_BLOCKING",
+            "NCCL_DEBUG",
+            "NVIDIA_VISIBLE_DEVICES_X",
+        ] {
+            let mut s = spec();
+            s.env = vec![env(name, "1")];
+            assert_eq!(s.validate(), Ok(()), "{name}");
+        }
     }
 
     #[test]
@@ -823,6 +911,60 @@ mod tests {
         let started = std::time::Instant::now();
         assert_eq!(s.validate(), Ok(()));
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn names_people_read_refuse_characters_a_display_hides() {
+        let capture = |name: &str| Capture {
+            files: vec![CaptureFile {
+                name: name.into(),
+                path: "/out/x".into(),
+            }],
+            stdout: false,
+        };
+        let cases: [(&str, &str, JobSpec); 6] = [
+            ("name", "U+200B (zero width space)", {
+                let mut s = spec();
+                s.name = "bobjob\u{200b}".into();
+                s
+            }),
+            ("name", "U+202E (right-to-left override)", {
+                let mut s = spec();
+                s.name = "eval-\u{202e}nur".into();
+                s
+            }),
+            ("name", "U+2066 (left-to-right isolate)", {
+                let mut s = spec();
+                s.name = "\u{2066}train".into();
+                s
+            }),
+            ("name", "U+0009 (tab)", {
+                let mut s = spec();
+                s.name = "a\tb".into();
+                s
+            }),
+            ("owner", "U+FEFF (zero width no-break space)", {
+                let mut s = spec();
+                s.owner = Some("\u{feff}nlp".into());
+                s
+            }),
+            ("capture.files[0].name", "U+200D (zero width joiner)", {
+                let mut s = spec();
+                s.capture = capture("lo\u{200d}ss");
+                s
+            }),
+        ];
+        for (field, what, s) in cases {
+            assert_eq!(
+                s.validate().unwrap_err().to_string(),
+                format!("{field}: {what} is not allowed")
+            );
+        }
+        let mut s = spec();
+        s.name = "Training run: llama-7B, é 日本".into();
+        s.owner = Some("vision team".into());
+        s.capture = capture("loss");
+        assert_eq!(s.validate(), Ok(()));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod api;
 pub mod exposition;
+pub mod hidden;
 pub mod job;
 pub mod labels;
 #[cfg(feature = "logging")]

@@ -141,6 +141,11 @@ impl Tokens {
         })
     }
 
+    /// The token file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Whether no token exists, so that the API is open. While none is known, the file is
     /// looked at each time (its metadata; it is read only when that changed), so a token
     /// that `token create` writes beside the running coordinator counts from the next call.

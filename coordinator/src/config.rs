@@ -35,6 +35,8 @@ pub struct CoordinatorConfig {
     pub accounting: AccountingConfig,
     /// HTTPS with agents' client certificates; plain HTTP when absent.
     pub tls: Option<TlsConfig>,
+    /// What may be served without `[tls]`.
+    pub access: AccessConfig,
     /// What a job may ask for.
     pub policy: crate::policy::PolicyConfig,
     /// Where the state lives: `data_dir`'s SQLite file unless `url` says otherwise.
@@ -75,6 +77,19 @@ impl Default for AccountingConfig {
     }
 }
 
+/// `[access]`: what the coordinator serves unauthenticated when told so.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessConfig {
+    /// Serve the agent routes (`/v1/agents/...`) over plain HTTP although API tokens are on.
+    /// Only `[tls]` authenticates agents (each by its certificate): without it anyone who
+    /// reaches the coordinator may speak for any node and read any node's desired state, its
+    /// jobs' environment values included, while the API asks for a token. So a coordinator
+    /// with API tokens and no `[tls]` refuses to start unless this is true, and warns at
+    /// start when it is.
+    pub agents_without_tls: bool,
+}
+
 /// The coordinator's TLS files (`nightshift-coordinator tls init` writes them).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +118,7 @@ impl Default for CoordinatorConfig {
             gang_start_timeout_s: core.gang_start_timeout_ms as f64 / 1000.0,
             accounting: AccountingConfig::default(),
             tls: None,
+            access: AccessConfig::default(),
             policy: crate::policy::PolicyConfig::default(),
             store: StoreConfig::default(),
         }
@@ -212,6 +228,15 @@ pub enum ConfigError {
     Located(nightshift_configfile::Problem),
     #[error("{key}: {rule}")]
     Invalid { key: String, rule: String },
+    /// API tokens on, and nothing to authenticate agents with.
+    #[error(
+        "{} holds API tokens, but there is no [tls]: the agent routes would authenticate \
+         nobody, and anyone who reaches the coordinator could read every job's environment \
+         from them; set [tls] (nightshift-coordinator tls init), or accept that with \
+         [access] agents_without_tls = true",
+        tokens.display()
+    )]
+    AgentsWithoutTls { tokens: PathBuf },
 }
 
 fn ms(seconds: f64) -> u64 {
@@ -243,6 +268,28 @@ impl CoordinatorConfig {
             (e, _) => e,
         })?;
         Ok(cfg)
+    }
+
+    /// With API tokens on (the token file `tokens` holds one), the agent routes must be
+    /// guarded too: by `[tls]`, or left open only where `[access] agents_without_tls` says
+    /// so. True when they are served without TLS by that setting, which the caller warns of.
+    pub fn agent_routes_without_tls(
+        &self,
+        tokens: &Path,
+        tokens_on: bool,
+    ) -> Result<bool, ConfigError> {
+        if self.tls.is_some() {
+            return Ok(false);
+        }
+        if self.access.agents_without_tls {
+            return Ok(true);
+        }
+        if tokens_on {
+            return Err(ConfigError::AgentsWithoutTls {
+                tokens: tokens.to_owned(),
+            });
+        }
+        Ok(false)
     }
 
     /// Every rule that serde's types do not already enforce.
@@ -497,6 +544,47 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         CoordinatorConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn api_tokens_without_tls_need_the_operators_word() {
+        let tokens = Path::new("/var/lib/nightshift/coordinator/tokens.json");
+        let plain = CoordinatorConfig::default();
+        assert_eq!(
+            plain.agent_routes_without_tls(tokens, false).ok(),
+            Some(false)
+        );
+        let err = plain.agent_routes_without_tls(tokens, true).unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("/var/lib/nightshift/coordinator/tokens.json holds API tokens, but there is no [tls]"), "{text}");
+        assert!(
+            text.ends_with("[access] agents_without_tls = true"),
+            "{text}"
+        );
+
+        let (_d, path) = write("[access]\nagents_without_tls = true\n");
+        let allowed = CoordinatorConfig::load(Some(&path)).unwrap();
+        assert_eq!(
+            allowed.agent_routes_without_tls(tokens, true).ok(),
+            Some(true)
+        );
+        assert_eq!(
+            allowed.agent_routes_without_tls(tokens, false).ok(),
+            Some(true)
+        );
+
+        let with_tls = CoordinatorConfig {
+            tls: Some(TlsConfig {
+                ca_file: "ca.pem".into(),
+                cert_file: "c.pem".into(),
+                key_file: "c.key".into(),
+            }),
+            ..allowed
+        };
+        assert_eq!(
+            with_tls.agent_routes_without_tls(tokens, true).ok(),
+            Some(false)
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! page without a token goes to the login page; logging in keeps the token in an HttpOnly,
 //! SameSite=Strict cookie; every page renders; a researcher sees no cancel button on
 //! another team's job and is refused (403) if it posts the form anyway, but cancels its
-//! team's own; a form from another origin is refused. The browser test (tests/tests/ui.rs)
+//! team's own; a form from another origin is refused, the login's included. The browser test (tests/tests/ui.rs)
 //! drives the same pages in headless Chromium against a real agent.
 
 use std::net::SocketAddr;
@@ -82,6 +82,17 @@ impl Ui {
         token: Option<&str>,
         form: &[(&str, &str)],
     ) -> (u16, String, reqwest::header::HeaderMap) {
+        self.post_with(path, token, form, &[]).await
+    }
+
+    /// [`Ui::post`] with these headers added (`Origin`, `Referer`).
+    async fn post_with(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        form: &[(&str, &str)],
+        headers: &[(&str, &str)],
+    ) -> (u16, String, reqwest::header::HeaderMap) {
         let body: String = form
             .iter()
             .map(|(k, v)| format!("{k}={}", url_encode(v)))
@@ -94,6 +105,9 @@ impl Ui {
             .body(body);
         if let Some(t) = token {
             req = req.header("cookie", format!("nightshift_token={t}"));
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         let resp = req.send().await.unwrap();
         let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
@@ -266,4 +280,56 @@ async fn pages_follow_the_apis_tokens_and_roles() {
             .unwrap()
             .contains("Max-Age=0")
     );
+}
+
+/// Login CSRF: another site's page posting the login form with the attacker's own token
+/// would log the victim's browser into the attacker's account (no cookie is needed for
+/// that, so SameSite does not help). A login from another site, by its `Origin` or, without
+/// one, its `Referer`, is refused with no cookie set; one from the UI's own page, or with
+/// neither header, logs in as before.
+#[tokio::test]
+async fn a_login_from_another_site_is_refused() {
+    let (ui, _, alice, _) = Ui::start().await;
+    let here = ui.url.clone();
+    let login_page = format!("{here}/ui/login");
+    for headers in [
+        [("origin", "http://evil.example")].as_slice(),
+        &[("origin", "null")],
+        &[("referer", "http://evil.example/trap.html")],
+        &[("origin", "http://evil.example"), ("referer", &login_page)],
+    ] {
+        let (status, body, got) = ui
+            .post_with("/ui/login", None, &[("token", &alice)], headers)
+            .await;
+        assert_eq!(status, 403, "{headers:?}: {body}");
+        assert!(
+            body.contains("a form sent from another site is refused"),
+            "{headers:?}: {body}"
+        );
+        assert!(!got.contains_key("set-cookie"), "{headers:?}: {got:?}");
+    }
+    let cookie = format!("nightshift_token={alice}; Path=/ui; HttpOnly; SameSite=Strict");
+    for headers in [
+        [("origin", here.as_str())].as_slice(),
+        &[("referer", &login_page)],
+        &[],
+    ] {
+        let (status, body, got) = ui
+            .post_with("/ui/login", None, &[("token", &alice)], headers)
+            .await;
+        assert_eq!(status, 303, "{headers:?}: {body}");
+        assert_eq!(got["set-cookie"], cookie.as_str(), "{headers:?}");
+    }
+
+    // The same rule holds for the forms of a logged-in browser: a cross-site Referer
+    // without an Origin is refused there too.
+    let (status, body, _) = ui
+        .post_with(
+            "/ui/logout",
+            Some(&alice),
+            &[],
+            &[("referer", "http://evil.example/")],
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
 }

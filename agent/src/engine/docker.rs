@@ -740,8 +740,11 @@ fn non_empty(words: &[String]) -> Option<Vec<String>> {
 fn gpu_settings(gpus: &GpuAccess) -> (Vec<(String, String)>, Option<Vec<DeviceRequest>>) {
     match gpus {
         GpuAccess::None => (Vec::new(), None),
+        // The selection in the environment too, as Docker's own `--gpus` sets it: it
+        // overrides an image's `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA's base images have
+        // one), which a toolkit that reads the variable would otherwise honour.
         GpuAccess::DeviceRequest { device_ids } => (
-            Vec::new(),
+            vec![("NVIDIA_VISIBLE_DEVICES".to_owned(), device_ids.join(","))],
             Some(vec![DeviceRequest {
                 driver: Some("nvidia".to_owned()),
                 device_ids: Some(device_ids.clone()),
@@ -944,12 +947,22 @@ mod tests {
     #[test]
     fn device_request_names_the_nvidia_driver_and_gpu_capability() {
         let (gpu_env, requests) = gpu_settings(&GpuAccess::DeviceRequest {
-            device_ids: vec!["GPU-a".to_owned()],
+            device_ids: vec!["GPU-a".to_owned(), "GPU-b".to_owned()],
         });
-        assert!(gpu_env.is_empty());
+        // An image's own ENV gives way to the container's.
+        assert_eq!(
+            gpu_env,
+            vec![(
+                "NVIDIA_VISIBLE_DEVICES".to_owned(),
+                "GPU-a,GPU-b".to_owned()
+            )]
+        );
         let request = &requests.unwrap_or_default()[0];
         assert_eq!(request.driver.as_deref(), Some("nvidia"));
-        assert_eq!(request.device_ids, Some(vec!["GPU-a".to_owned()]));
+        assert_eq!(
+            request.device_ids,
+            Some(vec!["GPU-a".to_owned(), "GPU-b".to_owned()])
+        );
         assert_eq!(request.capabilities, Some(vec![vec!["gpu".to_owned()]]));
         assert_eq!(request.count, None);
     }

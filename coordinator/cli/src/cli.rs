@@ -702,6 +702,35 @@ ID  NAME         STATE      ATTEMPT  GPUS  NODE           AGE  DURATION
     }
 
     #[test]
+    fn tables_show_what_a_display_would_hide() {
+        // Names saved before the coordinator refused them: each hidden character is escaped,
+        // so `bobjob\u{200b}` no longer prints as `bobjob`, nor does a bidi override turn
+        // the rest of the line around.
+        let mut spec = fake::spec("\u{202e}nur-lave", 1);
+        spec.owner = Some("nlp\u{2066}".into());
+        let jobs = [
+            fake::queued(7, fake::spec("bobjob", 1)),
+            fake::queued(8, fake::spec("bobjob\u{200b}", 1)),
+            fake::queued(9, spec.clone()),
+        ];
+        assert_eq!(
+            render_jobs(&jobs, NOW),
+            "\
+ID  NAME              STATE   ATTEMPT  GPUS  NODE  AGE  DURATION
+7   bobjob            queued  1        1     -     5m   -
+8   bobjob\\u{200b}    queued  1        1     -     5m   -
+9   \\u{202e}nur-lave  queued  1        1     -     5m   -
+"
+        );
+        let block = render_job(&fake::queued(9, spec), NOW);
+        assert!(
+            block.contains("name:         \\u{202e}nur-lave\n"),
+            "{block}"
+        );
+        assert!(block.contains("owner:        nlp\\u{2066}\n"), "{block}");
+    }
+
+    #[test]
     fn job_block() {
         let mut spec = fake::spec("train-llama", 2);
         spec.owner = Some("alice".into());

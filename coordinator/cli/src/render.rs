@@ -465,12 +465,15 @@ pub fn shell_words(words: &[String]) -> String {
     clean(&quoted.join(" "))
 }
 
-/// User-supplied text made safe for a terminal: control characters are escaped, so a job
-/// name cannot break a table or send escape sequences.
+/// User-supplied text made safe for a terminal and for its reader: control characters and
+/// every character a display hides or that reorders its neighbours (zero-width, bidi
+/// controls: [`nightshift_common::hidden`]) are escaped as `\u{200b}`, so a job name can
+/// neither break a table, send escape sequences, nor pass for another. The coordinator
+/// refuses such names now; records from before still hold them.
 pub fn clean(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() {
+        if nightshift_common::hidden::is_hidden(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);

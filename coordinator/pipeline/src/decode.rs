@@ -57,6 +57,14 @@ impl Decoder {
         self.diags.push(Diagnostic::new(line, rule, message));
     }
 
+    /// A name people read (the workflow's, a template's, a step's, an output's) holds no
+    /// character a display hides ([`nightshift_common::hidden`]), as a job's name does not.
+    fn visible(&mut self, name: &Located, what: &str) {
+        if let Err(rule) = nightshift_common::hidden::check(&name.text) {
+            self.err(name.line, Rule::InvalidValue, format!("{what}: {rule}"));
+        }
+    }
+
     fn fields<'a>(
         &mut self,
         node: &'a Node,
@@ -303,10 +311,17 @@ impl Decoder {
             &["name", "generateName", "namespace", "labels", "annotations"],
             &[],
         )?;
-        let name = self
-            .optional(&m, "name", "metadata")
-            .or_else(|| self.optional(&m, "generateName", "metadata"))
-            .map(|n| n.text.trim_end_matches('-').to_owned())
+        let name = match self.optional(&m, "name", "metadata") {
+            Some(n) => Some((n, "metadata.name")),
+            None => self
+                .optional(&m, "generateName", "metadata")
+                .map(|n| (n, "metadata.generateName")),
+        };
+        if let Some((n, field)) = &name {
+            self.visible(n, field);
+        }
+        let name = name
+            .map(|(n, _)| n.text.trim_end_matches('-').to_owned())
             .unwrap_or_default();
         if name.is_empty() {
             self.err(
@@ -361,7 +376,10 @@ impl Decoder {
                     Ok(p) => extras.priority = Some(p),
                     Err(_) => self.diags.push(bad("must be a whole number")),
                 },
-                "owner" => extras.owner = Some(text.to_owned()),
+                "owner" => match nightshift_common::hidden::check(text) {
+                    Ok(()) => extras.owner = Some(text.to_owned()),
+                    Err(rule) => self.diags.push(bad(&rule)),
+                },
                 "checkpoint-signal" => {
                     if CHECKPOINT_SIGNALS.contains(&text) {
                         extras.checkpoint_signal = Some(text.to_owned());
@@ -506,6 +524,7 @@ impl Decoder {
             UNSUPPORTED_TEMPLATE,
         )?;
         let name = self.required(&f, "name", "a template")?;
+        self.visible(&name, "a template's name");
         let what = format!("template {}", name.text);
         let (inputs, input_artifacts) = match f.get("inputs") {
             Some(n) => self.inputs(n, &what),
@@ -651,6 +670,7 @@ impl Decoder {
                 let Some(name) = self.required(&pf, "name", "an output parameter") else {
                     continue;
                 };
+                self.visible(&name, "an output parameter's name");
                 let Some(vf) = pf.get("valueFrom") else {
                     self.err(
                         pf.line,
@@ -740,6 +760,7 @@ impl Decoder {
             let Some(name) = self.required(&f, "name", "an artifact") else {
                 continue;
             };
+            self.visible(&name, "an artifact's name");
             let path = self.optional(&f, "path", "the artifact").map(|p| p.text);
             let from = self.optional(&f, "from", "the artifact");
             match kind {
@@ -846,6 +867,12 @@ impl Decoder {
                         Rule::InvalidValue,
                         "the NIGHTSHIFT_ prefix is reserved for variables the agent sets",
                     );
+                } else if nightshift_common::is_gpu_variable(&name.text) {
+                    self.err(
+                        name.line,
+                        Rule::InvalidValue,
+                        format!("env: {}", nightshift_common::gpu_variable_rule(&name.text)),
+                    );
                 }
                 env.push((name.text, value));
             }
@@ -857,7 +884,7 @@ impl Decoder {
         if let Some(p) = f.get("imagePullPolicy")
             && !matches!(p.scalar(), Some("Always" | "IfNotPresent" | "Never"))
         {
-            self.err(p.line, Rule::InvalidValue, "imagePullPolicy must be Always, IfNotPresent or Never (nightshift never pulls either way)");
+            self.err(p.line, Rule::InvalidValue, "imagePullPolicy must be Always, IfNotPresent or Never (the agent pulls an image its host lacks, whatever the policy)");
         }
         Some(Container {
             line: f.line,
@@ -1067,6 +1094,7 @@ impl Decoder {
         }
         let f = self.fields(node, &format!("{kind} of {what}"), &known, UNSUPPORTED_STEP)?;
         let name = self.required(&f, "name", kind)?;
+        self.visible(&name, &format!("{kind}'s name"));
         let template = self.required(&f, "template", &format!("{kind} {}", name.text))?;
         let (arguments, artifacts) = match f.get("arguments") {
             Some(n) => self.arguments(n, &format!("arguments of {}", name.text), true),

@@ -67,6 +67,9 @@ struct Active {
 pub struct Pipelines {
     runs: BTreeMap<u64, Active>,
     pending: PipelineChanges,
+    /// The id the next run gets: above every run's, and never lowered
+    /// ([`Pipelines::continue_ids_from`]).
+    next_id: u64,
 }
 
 impl Pipelines {
@@ -104,10 +107,24 @@ impl Pipelines {
                 a.jobs.insert((node, retry), job);
             }
         }
+        let next_id = runs.keys().next_back().map_or(1, |k| k + 1);
         Ok(Self {
             runs,
             pending: PipelineChanges::default(),
+            next_id,
         })
+    }
+
+    /// The id the next run will get.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.max(1)
+    }
+
+    /// Gives no run an id below `next`. For a driver rebuilt from the store after a write
+    /// failed: the lost driver may have given ids the store never saved, and each must still
+    /// name one run only.
+    pub fn continue_ids_from(&mut self, next: u64) {
+        self.next_id = self.next_id.max(next);
     }
 
     pub fn take_changes(&mut self) -> PipelineChanges {
@@ -138,9 +155,10 @@ impl Pipelines {
             let lines: Vec<String> = diags.0.iter().map(|d| d.display_in(file)).collect();
             SpecError::new("workflow", lines.join("; "))
         })?;
-        let id = self.runs.keys().next_back().map_or(1, |k| k + 1);
+        let id = self.next_id();
         let run = Run::start(wf, &id.to_string(), &parameters, now)
             .map_err(|e| SpecError::new("parameters", e.to_string()))?;
+        self.next_id = id + 1;
         let record = PipelineRunRecord {
             id,
             file: file.to_owned(),

@@ -180,3 +180,76 @@ fn yaml_syntax_errors_have_a_line() {
     assert_eq!(d[0].rule, Rule::YamlSyntax);
     assert!(d[0].line >= 2, "{d:?}");
 }
+
+#[test]
+fn names_people_read_refuse_characters_a_display_hides() {
+    // Each name below is printed by `nightshift pipelines` and the web UI, or becomes a job's
+    // name or output; a zero-width or bidi character would hide in it.
+    let text = "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  \
+                name: \"nightly\\u200b\"\n  annotations:\n    \
+                nightshift.io/owner: \"nlp\\u2066\"\nspec:\n  entrypoint: main\n  \
+                templates:\n  - name: main\n    steps:\n    - - name: \"tra\\u202ein\"\n        \
+                template: \"echo\\u200d\"\n  - name: \"echo\\u200d\"\n    container:\n      \
+                image: busybox\n    outputs:\n      parameters:\n      - name: \"lo\\u00adss\"\n        \
+                valueFrom: {path: /out/loss}\n";
+    let d = load(text).unwrap_err().0;
+    has(
+        &d,
+        4,
+        Rule::InvalidValue,
+        "metadata.name: U+200B (zero width space) is not allowed",
+    );
+    has(
+        &d,
+        6,
+        Rule::InvalidValue,
+        "annotation nightshift.io/owner: U+2066 (left-to-right isolate) is not allowed",
+    );
+    has(
+        &d,
+        12,
+        Rule::InvalidValue,
+        "a step's name: U+202E (right-to-left override) is not allowed",
+    );
+    has(
+        &d,
+        14,
+        Rule::InvalidValue,
+        "a template's name: U+200D (zero width joiner) is not allowed",
+    );
+    has(
+        &d,
+        19,
+        Rule::InvalidValue,
+        "an output parameter's name: U+00AD (soft hyphen) is not allowed",
+    );
+    let clean = text
+        .replace("\\u200b", "")
+        .replace("\\u2066", "")
+        .replace("\\u202e", "")
+        .replace("\\u200d", "")
+        .replace("\\u00ad", "");
+    assert!(load(&clean).is_ok(), "{clean}");
+}
+
+#[test]
+fn a_steps_gpu_variables_are_the_agents_alone() {
+    let spec = "  entrypoint: main\n  templates:\n  - name: main\n    container:\n      \
+                image: busybox\n      env:\n      - {name: HF_HOME, value: /data}\n      \
+                - {name: NVIDIA_VISIBLE_DEVICES, value: all}\n      \
+                - {name: CUDA_VISIBLE_DEVICES, value: \"0,1,2,3\"}\n";
+    let d = refused(spec);
+    has(
+        &d,
+        13,
+        Rule::InvalidValue,
+        "env: NVIDIA_VISIBLE_DEVICES is the agent's to set",
+    );
+    has(
+        &d,
+        14,
+        Rule::InvalidValue,
+        "env: CUDA_VISIBLE_DEVICES is the agent's to set",
+    );
+    assert_eq!(d.len(), 2, "{d:#?}");
+}

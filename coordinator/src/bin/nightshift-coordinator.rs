@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use nightshift_coordinator::auth::Tokens;
 use nightshift_coordinator::config::CoordinatorConfig;
 use nightshift_coordinator::server;
 use nightshift_coordinator::store::{PgStore, StoreUrl};
@@ -132,6 +133,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if let Some(tls) = &cfg.tls {
                 nightshift_coordinator::https::server_config(tls)?;
             }
+            // The token file belongs to the service user: another user may not read it.
+            match Tokens::open(&cfg.data_dir) {
+                Ok(tokens) => agent_routes(&cfg, &tokens)?,
+                Err(e) => eprintln!(
+                    "cannot read the API tokens ({e}); serve checks them against [tls] at start"
+                ),
+            }
             // A PostgreSQL store must be reachable, at a schema this coordinator knows.
             if let Some(url) = &cfg.store.url
                 && let StoreUrl::Postgres(url) = StoreUrl::parse(url)?
@@ -183,7 +191,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             name,
             data_dir,
         }) => {
-            let tokens = nightshift_coordinator::auth::Tokens::open(&data_dir)?;
+            let tokens = Tokens::open(&data_dir)?;
             let now = nightshift_coordinator::cluster::now_ms();
             let (record, token) = tokens.create(&name, role, team.as_deref(), now)?;
             eprintln!(
@@ -212,6 +220,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .as_ref()
                 .map(nightshift_coordinator::https::server_config)
                 .transpose()?;
+            agent_routes(&cfg, &Tokens::open(&cfg.data_dir)?)?;
             // One coordinator per data directory, for as long as this one runs.
             let _lock = nightshift_coordinator::store::DataDirLock::acquire(&cfg.data_dir)?;
             // On PostgreSQL any number may share the database: one leads, the others stand by.
@@ -246,6 +255,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// Refuses API tokens beside agent routes that authenticate nobody (no `[tls]`), unless
+/// `[access] agents_without_tls` accepts that, which is then said at every start.
+fn agent_routes(cfg: &CoordinatorConfig, tokens: &Tokens) -> anyhow::Result<()> {
+    if cfg.agent_routes_without_tls(tokens.path(), !tokens.is_empty())? {
+        tracing::warn!(
+            "[access] agents_without_tls: the agent routes are served without TLS; anyone \
+             who reaches the coordinator may speak for any node and read every job's \
+             environment from them, API tokens or not; set [tls] to authenticate agents"
+        );
+    }
+    Ok(())
 }
 
 /// Serves as one of the coordinators sharing the PostgreSQL database `url`: the API while

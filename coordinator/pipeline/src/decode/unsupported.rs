@@ -29,7 +29,7 @@ pub(super) const UNSUPPORTED_SPEC: &[(&str, &str)] = &[
     ),
     (
         "imagePullSecrets",
-        "nightshift never pulls images; load them on the hosts",
+        "registry credentials are the agent's ([registry] auth_file in agent.toml), not a workflow's",
     ),
     ("securityContext", "security contexts are not supported"),
     ("hostNetwork", "host networking is not supported"),

@@ -125,15 +125,15 @@ pub(super) async fn gate(
 }
 
 async fn admit(access: Option<&AccessState>, mut req: Request, next: Next) -> Response {
+    if req.method() != Method::GET
+        && req.method() != Method::HEAD
+        && let Err(why) = same_origin(req.headers())
+    {
+        return page::error(StatusCode::FORBIDDEN, why);
+    }
     let path = req.uri().path();
     if path == "/ui/login" || path.starts_with("/ui/assets/") {
         return next.run(req).await;
-    }
-    if req.method() != Method::GET && req.method() != Method::HEAD && !same_origin(req.headers()) {
-        return page::error(
-            StatusCode::FORBIDDEN,
-            "a form sent from another site is refused",
-        );
     }
     let principal = match access {
         None => None,
@@ -164,17 +164,34 @@ fn to_login(req: &Request) -> Response {
     )
 }
 
-/// A form's `Origin`, where the browser sends one, must be this server: SameSite=Strict
-/// already keeps the cookie off requests from other sites; this refuses them outright.
-/// (Pages are sent with `Referrer-Policy: same-origin`: under `no-referrer` a browser
-/// sends its own forms with `Origin: null`.)
-fn same_origin(headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else {
-        return true;
-    };
+/// Every form, the login's included, must come from this server's own pages: its `Origin`,
+/// where the browser sends one, must be this server, and without an `Origin` so must its
+/// `Referer`, where there is one. SameSite=Strict already keeps the cookie off requests from
+/// other sites; this refuses them outright, and keeps another site from logging a browser in
+/// with a token of its choosing (login CSRF), where no cookie is needed. A form with neither
+/// header (an old browser, a script) is let through. (Pages are sent with
+/// `Referrer-Policy: same-origin`: under `no-referrer` a browser sends its own forms with
+/// `Origin: null`.)
+fn same_origin(headers: &HeaderMap) -> Result<(), &'static str> {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let origin_host = origin.split_once("://").map(|(_, h)| h);
-    origin_host.is_some() && origin_host == host
+    let text = |name| headers.get(name).map(|v| v.to_str().unwrap_or(""));
+    // `scheme://host[:port]...`: the host and port must be the ones this request was sent to.
+    let here = |url: &str| {
+        let authority = url
+            .split_once("://")
+            .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""));
+        authority.is_some() && authority == host
+    };
+    if let Some(origin) = text(header::ORIGIN) {
+        if !here(origin) {
+            return Err("a form sent from another site is refused: its Origin is not this server");
+        }
+    } else if let Some(referer) = text(header::REFERER)
+        && !here(referer)
+    {
+        return Err("a form sent from another site is refused: its Referer is not this server");
+    }
+    Ok(())
 }
 
 /// The value of cookie `name`.
@@ -316,18 +333,44 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("coord:7400"));
         assert!(
-            same_origin(&h),
-            "no Origin: a same-origin GET or an old browser"
+            same_origin(&h).is_ok(),
+            "neither Origin nor Referer: an old browser or a script"
         );
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("http://coord:7400"),
         );
-        assert!(same_origin(&h));
+        assert!(same_origin(&h).is_ok());
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("https://evil.example"),
         );
-        assert!(!same_origin(&h));
+        assert!(same_origin(&h).unwrap_err().contains("Origin"));
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(same_origin(&h).is_err());
+    }
+
+    #[test]
+    fn without_an_origin_the_referer_decides() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("coord:7400"));
+        for (referer, ok) in [
+            ("http://coord:7400/ui/login", true),
+            ("http://coord:7400", true),
+            ("https://coord:7400?x=1", true),
+            ("http://coord:7400.evil.example/ui/login", false),
+            ("http://evil.example/coord:7400/", false),
+            ("http://coord:7401/ui/login", false),
+            ("/ui/login", false),
+        ] {
+            h.insert(header::REFERER, HeaderValue::from_static(referer));
+            assert_eq!(same_origin(&h).is_ok(), ok, "{referer}");
+        }
+        // An Origin, when sent, is what counts.
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://coord:7400"),
+        );
+        assert!(same_origin(&h).is_ok());
     }
 }
