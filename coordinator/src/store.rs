@@ -124,6 +124,18 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: "ALTER TABLE job_images ADD COLUMN image_digest TEXT;",
         postgres: "ALTER TABLE job_images ADD COLUMN image_digest TEXT;",
     },
+    // The leader's lease (crate::leader): when it last renewed, on the database's clock, and
+    // whether it holds the leadership lock. PostgreSQL's alone: SQLite is single-node and has
+    // no leader table. A coordinator that knows no lease refuses this schema, so it never
+    // campaigns beside those that do.
+    Migration {
+        sqlite: "",
+        postgres: "
+        ALTER TABLE nightshift_leader
+            ADD COLUMN renewed_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity',
+            ADD COLUMN lock_held BOOLEAN NOT NULL DEFAULT false;
+        ",
+    },
 ];
 
 /// The schema version this coordinator writes: the number of [`MIGRATIONS`].

@@ -530,6 +530,29 @@ impl CoordinatorProcess {
         assert!(status.success(), "kill -{signal} failed");
     }
 
+    /// SIGTERM, as a clean shutdown would (`systemctl stop`), then waits up to 30 s for the
+    /// process to exit: its exit status.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the coordinator") {
+                return status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the coordinator did not exit within 30 s of SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts it again on the same port, state and configuration (after it exited).
+    pub fn respawn(&mut self) {
+        let (port, data, config) = (self.port, self.data.clone(), self.config.clone());
+        *self = Self::spawn(port, &data, &config);
+    }
+
     /// SIGKILL, then reap.
     pub fn kill(mut self) {
         let _ = self.child.kill();

@@ -40,7 +40,8 @@ const MIGRATION_LOCK: i64 = 0x6e69_6768_7473_6674;
 /// Leadership of the coordinators sharing the database (crate::leader): the term of the
 /// current leader, which rises with each new one, and the URL it serves at. Every write of a
 /// leader checks its term in its transaction ([`PgStore::fence`]). PostgreSQL's alone
-/// (SQLite is single-node), so not one of the shared [`MIGRATIONS`]: made when missing.
+/// (SQLite is single-node), so not one of the shared [`MIGRATIONS`]: made when missing,
+/// before them (a later migration adds the lease's columns).
 const LEADER_TABLE: &str = "
     CREATE TABLE IF NOT EXISTS nightshift_leader (
         id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -561,10 +562,10 @@ impl PgStore {
             if found > known {
                 return Ok(found);
             }
+            tx.batch_execute(LEADER_TABLE).await?;
             for migration in &MIGRATIONS[found..] {
                 tx.batch_execute(migration.postgres).await?;
             }
-            tx.batch_execute(LEADER_TABLE).await?;
             tx.execute(
                 "UPDATE nightshift_schema SET version = $1",
                 &[&(known as i64)],
