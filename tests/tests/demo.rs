@@ -1,22 +1,87 @@
 //! The acceptance check of the harvest loop: `nightshift demo --output json`, as a user runs
-//! it, must exit 0 with the job succeeded after being preempted and resumed from its
-//! checkpoint, and with no request lost.
+//! it on the machine the README names (Docker and Rust, nothing installed from apt), must
+//! exit 0 with the job succeeded after being preempted and resumed from its checkpoint, and
+//! with no request lost.
+//!
+//! It runs as on a fresh machine: the stand-in images it runs are not there yet (a tag of the
+//! test's own, `NIGHTSHIFT_STANDIN_TAG`, so that the images other tests run are left alone),
+//! and busybox (Debian's busybox-static, which `tests/run.sh` installs) is hidden from it in a
+//! mount namespace of its own. So the demo builds its images itself, and without busybox.
 
+use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 
-use nightshift_tests::{containers, require_images, workspace_bin};
+use nightshift_tests::{containers, workspace_bin};
+
+/// The stand-ins the demo runs, by the names `tests/images/build.sh` builds them under.
+const STANDINS: [&str; 2] = ["vllm-standin", "toy-trainer"];
+
+/// Runs its arguments with every busybox of this machine (`/bin/busybox`, and any on `PATH`)
+/// covered by an empty, non-executable file; run inside `unshare --mount`, so the mounts are
+/// this process tree's alone. Exits 97 if a busybox can still be found.
+const HIDE_BUSYBOX: &str = r#"set -eu
+empty="$(mktemp)"
+for f in /bin/busybox /usr/bin/busybox $(type -ap busybox || true); do
+    if [ -e "$f" ]; then mount --bind "$empty" "$f"; fi
+done
+rm -f "$empty"
+if [ -x /bin/busybox ] || command -v busybox >/dev/null; then
+    echo "busybox is still visible" >&2
+    exit 97
+fi
+exec "$@"
+"#;
+
+/// Removes the test's own tag of the stand-in images when dropped.
+struct Untag(String);
+
+impl Drop for Untag {
+    fn drop(&mut self) {
+        for name in STANDINS {
+            let _ = Command::new("docker")
+                .args(["rmi", &format!("nightshift/{name}:{}", self.0)])
+                .output();
+        }
+    }
+}
 
 #[test]
 fn the_demo_runs_the_whole_harvest_loop_without_losing_a_request() {
-    require_images();
-    let child = Command::new(workspace_bin("nightshift"))
+    let tag = format!("demo-test-{}", std::process::id());
+    let _untag = Untag(tag.clone());
+    for name in STANDINS {
+        let image = format!("nightshift/{name}:{tag}");
+        let present = Command::new("docker")
+            .args(["image", "inspect", &image])
+            .output()
+            .expect("run docker")
+            .status
+            .success();
+        assert!(!present, "{image} is there before the demo builds it");
+    }
+    // A mount namespace needs root; elsewhere a user namespace maps the user to root in it.
+    let mut unshare = Command::new("unshare");
+    unshare.arg("--mount");
+    if std::fs::metadata("/proc/self")
+        .expect("stat /proc/self")
+        .uid()
+        != 0
+    {
+        unshare.arg("--map-root-user");
+    }
+    let child = unshare
+        .args(["--", "bash", "-c", HIDE_BUSYBOX, "hide-busybox"])
+        .arg(workspace_bin("nightshift"))
         .args(["demo", "--output", "json"])
+        .env("NIGHTSHIFT_STANDIN_TAG", &tag)
+        .env_remove("BUSYBOX")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run nightshift demo");
-    // The demo names its node after its process id.
+    // The demo names its node after its process id (unshare, bash and `nightshift demo`
+    // each replace themselves with the next).
     let node = format!("demo-{}", child.id());
     let out = child.wait_with_output().expect("wait for the demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -54,6 +119,11 @@ fn the_demo_runs_the_whole_harvest_loop_without_losing_a_request() {
         );
     }
     assert!(!report["timeline"].as_array().unwrap().is_empty());
+    // It built the images it ran.
+    assert!(
+        stderr.contains("building the stand-in images"),
+        "the demo did not build its images:\n{stderr}"
+    );
     // The demo cleans up after itself.
     assert!(containers(&node, "replica").is_empty() && containers(&node, "job").is_empty());
 }

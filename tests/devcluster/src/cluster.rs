@@ -19,8 +19,19 @@ use tokio::process::{Child, Command};
 
 pub const COORDINATOR_BIN: &str = "nightshift-coordinator";
 pub const AGENT_BIN: &str = "nightshift-agent";
-pub const VLLM_IMAGE: &str = "nightshift/vllm-standin:dev";
-pub const TRAINER_IMAGE: &str = "nightshift/toy-trainer:dev";
+/// The stand-ins the demo runs, by the names `tests/images/build.sh` builds them under.
+pub const VLLM_STANDIN: &str = "vllm-standin";
+pub const TOY_TRAINER: &str = "toy-trainer";
+
+/// The image of a stand-in: `nightshift/NAME:TAG`, TAG being `$NIGHTSHIFT_STANDIN_TAG` (`dev`
+/// when unset or empty), as `tests/images/build.sh` tags it.
+pub fn standin_image(name: &str) -> String {
+    let tag = std::env::var("NIGHTSHIFT_STANDIN_TAG")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "dev".into());
+    format!("nightshift/{name}:{tag}")
+}
 
 /// Longest wait for a program to answer after it started.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -344,7 +355,7 @@ health_timeout_s = 120.0
 fake = 4
 
 [replica]
-image = "{VLLM_IMAGE}"
+image = {image}
 host_ip = "127.0.0.1"
 host_port = 0
 shutdown_timeout_s = 30.0
@@ -359,6 +370,7 @@ env = [
         coordinator = quoted(coordinator),
         node = quoted(node),
         work_dir = quoted(&work_dir.to_string_lossy()),
+        image = quoted(&standin_image(VLLM_STANDIN)),
     )
 }
 

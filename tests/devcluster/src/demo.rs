@@ -19,7 +19,7 @@ use nightshift_common::{
 };
 use serde_json::json;
 
-use crate::cluster::{Binaries, DevCluster, TRAINER_IMAGE, VLLM_IMAGE};
+use crate::cluster::{Binaries, DevCluster, TOY_TRAINER, VLLM_STANDIN, standin_image};
 use crate::gateway::{self, GatewayConfig};
 use crate::loadgen::{LoadGen, RequestShape};
 
@@ -367,7 +367,7 @@ fn trainer() -> JobSpec {
     };
     JobSpec {
         name: "toy-trainer".into(),
-        image: TRAINER_IMAGE.into(),
+        image: standin_image(TOY_TRAINER),
         command: vec![],
         args: vec![],
         env: vec![
@@ -515,12 +515,15 @@ async fn watch(
     }
 }
 
-/// Builds the stand-in images with `tests/images/build.sh` when they are missing.
+/// Builds the stand-in images the demo runs with `tests/images/build.sh` when they are
+/// missing, those alone: the script's other images (Argo's examples) need Debian's
+/// busybox-static, and the README's first command must run without anything from apt.
 async fn ensure_images() -> anyhow::Result<()> {
     let mut missing = Vec::new();
-    for image in [VLLM_IMAGE, TRAINER_IMAGE] {
+    for name in [VLLM_STANDIN, TOY_TRAINER] {
+        let image = standin_image(name);
         let inspect = tokio::process::Command::new("docker")
-            .args(["image", "inspect", image])
+            .args(["image", "inspect", &image])
             .output()
             .await
             .context("running docker (is the Docker CLI installed?)")?;
@@ -532,27 +535,32 @@ async fn ensure_images() -> anyhow::Result<()> {
                     stderr.trim()
                 );
             }
-            missing.push(image);
+            missing.push((name, image));
         }
     }
     if missing.is_empty() {
         return Ok(());
     }
+    let images: Vec<&str> = missing.iter().map(|(_, image)| image.as_str()).collect();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../images/build.sh");
     if !script.exists() {
         bail!(
             "images {} are missing and {} is not here to build them; run the demo from a \
              nightshift source checkout",
-            missing.join(", "),
+            images.join(", "),
             script.display()
         );
     }
     eprintln!(
-        "building the stand-in images (first run only) with {}",
+        "building the stand-in images {} (first run only) with {}",
+        images.join(", "),
         script.display()
     );
+    // Its output goes to stderr: stdout is the demo's own (one JSON object under `--output json`).
     let status = tokio::process::Command::new("bash")
         .arg(&script)
+        .args(missing.iter().map(|(name, _)| name))
+        .stdout(std::io::stderr())
         .status()
         .await?;
     if !status.success() {
