@@ -1,17 +1,17 @@
 //! Random sequences of desired states, silences and waits, run on the fakes under paused
-//! time, with DESIGN.md's invariants checked after every pass (as `core/tests/properties.rs`
-//! does for the coordinator's core):
+//! time, with ARCHITECTURE.md's invariants checked after every pass (as
+//! `core/tests/properties.rs` does for the coordinator's core):
 //!
-//! - no GPU is given to two owners: no two running jobs share a GPU, and a job runs only
-//!   beside a replica that is stopped or asleep;
-//! - a job never starts until its GPUs' memory is free (down to a sleeping replica's CUDA
-//!   context in sleep mode);
-//! - a stale lease is never honoured: no job starts on a GPU below an epoch already started
-//!   there;
+//! - no GPU is given to two owners (invariant 2): no two running jobs share a GPU, and a job
+//!   runs only beside a replica that is stopped or asleep;
+//! - a job never starts until its GPUs' memory is free (invariant 2; down to a sleeping
+//!   replica's CUDA context in sleep mode);
+//! - a stale lease is never honoured (invariant 3): no job starts on a GPU below an epoch
+//!   already started there;
 //! - readiness is exactly `Serving`;
 //! - a pass that ends well leaves the node as told: serving with no job, or every listed
 //!   lease run (or reported failed to start); when the coordinator is silent past the TTL,
-//!   serving with the leases void.
+//!   serving with the leases void (invariant 5, service first).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -207,7 +207,7 @@ impl World {
         self.leases = leases;
     }
 
-    /// DESIGN.md's invariants, whatever the pass returned.
+    /// ARCHITECTURE.md's invariants 2 and 3 (and readiness), whatever the pass returned.
     fn check_always(&self) {
         let containers = self.node.containers();
         let running_jobs: Vec<_> = containers

@@ -1,5 +1,7 @@
-//! The invariants of DESIGN.md that the core alone can check. Tests and the simulator call
-//! [`Core::check_invariants`] after every step.
+//! The invariants of ARCHITECTURE.md ("What always holds") that the core alone can check:
+//! 1 (the serving floor), 2 (one owner per GPU), 3 (a stale lease is never honoured), 4 (one
+//! live attempt per job) and 8 (the core's records agree); each [`Violation`] names its
+//! number. Tests and the simulator call [`Core::check_invariants`] after every step.
 
 use std::collections::BTreeMap;
 
@@ -10,12 +12,14 @@ use crate::node::Held;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
+    /// Invariant 1.
     #[error("service {service}: {serving} nodes serve, below min_replicas {min}")]
     ServingFloor {
         service: String,
         serving: usize,
         min: u32,
     },
+    /// Invariant 2.
     #[error("node {node} gpu {gpu}: held by leases {first} and {second}")]
     GpuTwoLeases {
         node: String,
@@ -23,12 +27,16 @@ pub enum Violation {
         first: u64,
         second: u64,
     },
+    /// Invariant 2.
     #[error("node {node}: serves while lease {lease} is still live on it")]
     LiveLeaseOnServingNode { node: String, lease: u64 },
+    /// Invariant 3.
     #[error("lease {lease}: epoch {epoch} is not below the next epoch {next}")]
     EpochNotFenced { lease: u64, epoch: u64, next: u64 },
+    /// Invariant 3.
     #[error("leases {first} and {second} share epoch {epoch}")]
     EpochReused { first: u64, second: u64, epoch: u64 },
+    /// Invariant 8.
     #[error(
         "node {node}: counts {counted_leases} leases holding {counted_gpus} GPUs, the lease \
          table {leases} holding {gpus}"
@@ -40,6 +48,7 @@ pub enum Violation {
         leases: usize,
         gpus: usize,
     },
+    /// Invariant 4.
     #[error(
         "job {job}: lease {lease} is live while the container of its expired lease {straggler} \
          may still run on silent node {node}"
@@ -50,8 +59,10 @@ pub enum Violation {
         straggler: u64,
         node: String,
     },
+    /// Invariant 8.
     #[error("job {job}: the queue index does not match its record")]
     JobIndexStale { job: u64 },
+    /// Invariant 8.
     #[error("job {job}: state {state} does not match its lease ({lease})")]
     JobLeaseMismatch {
         job: u64,

@@ -1,6 +1,7 @@
 //! Property tests: random sequences of load, submissions (gangs, priorities, teams, failing
 //! jobs with retries, run-time limits), cancels and silences against a
-//! simulated cluster; the DESIGN.md invariants are checked after every step.
+//! simulated cluster; the core's checks of ARCHITECTURE.md's invariants (1–4 and 8) run
+//! after every step.
 
 mod sim;
 

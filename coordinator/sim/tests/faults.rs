@@ -1,5 +1,6 @@
 //! The simulator under faults: agent crashes, coordinator restarts and partitions, with the
-//! DESIGN.md invariants checked after every step, must report no violation.
+//! core's checks of ARCHITECTURE.md's invariants (1–4 and 8) after every step, must report no
+//! violation.
 
 mod common;
 
