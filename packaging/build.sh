@@ -26,12 +26,38 @@ if [ "${#missing[@]}" -gt 0 ]; then
     $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# NIGHTSHIFT_PACKAGE_PROFILE=dev packs the debug build instead of making a release one:
+# tests/run.sh sets it, since its package test checks the packaging (files, units, scripts,
+# installs, a boot under systemd), which does not depend on the optimiser, and the debug build
+# is already there, where a release build would cost a second compile of the workspace. Packages
+# to ship are built without it.
+profile="${NIGHTSHIFT_PACKAGE_PROFILE:-release}"
+# The dev build names the whole workspace, as tests/run.sh's build does, so that the features
+# resolve the same and nothing is compiled again.
+case "$profile" in
+    release)
+        build=(--release -p nightshift-agent -p nightshift-coordinator -p nightshift-cli)
+        bin_dir="$root/target/release"
+        ;;
+    dev) build=(--workspace) bin_dir="$root/target/debug" ;;
+    *)
+        echo "packaging/build.sh: NIGHTSHIFT_PACKAGE_PROFILE='$profile': name release or dev" >&2
+        exit 1
+        ;;
+esac
 started=$SECONDS
-cargo build --release --locked -p nightshift-agent -p nightshift-coordinator -p nightshift-cli --bins
-# The .rpms take the binaries as they are; package.py strips the .debs' copies further, as
-# cargo-deb does.
-strip target/release/nightshift-agent target/release/nightshift-coordinator target/release/nightshift
-echo "packaging/build.sh: the release build took $((SECONDS - started)) s" >&2
+cargo build --locked "${build[@]}" --bins
+echo "packaging/build.sh: the $profile build took $((SECONDS - started)) s" >&2
+# The .rpms take the binaries as they are, stripped here (copies, so that cargo's own stay
+# as built); package.py strips the .debs' copies further, as cargo-deb does.
+binaries="$root/target/package-binaries"
+rm -rf "$binaries"
+mkdir -p "$binaries"
+for bin in nightshift-agent nightshift-coordinator nightshift; do
+    cp "$bin_dir/$bin" "$binaries/$bin"
+    strip "$binaries/$bin"
+done
+export NIGHTSHIFT_PACKAGE_BINARIES="$binaries"
 
 started=$SECONDS
 rm -rf "$out"

@@ -4,7 +4,8 @@
 cargo-generate-rpm read, so that packaging/build.sh needs neither tool compiled from source.
 
 Usage: package.py OUT_DIR CRATE_DIR...   (run from the workspace root, after the release
-build: an asset `target/release/NAME` is the workspace's release binary).
+build: an asset `target/release/NAME` is the workspace's release binary, or NAME in the
+directory $NIGHTSHIFT_PACKAGE_BINARIES where that is set).
 
 Only what nightshift's crates use is supported; any other key is refused, naming it, rather
 than left out of a package.
@@ -57,8 +58,12 @@ def load(crate):
 
 def source_path(crate, source):
     """Where an asset's file is: `target/release/...` in the workspace's target directory
-    (as cargo-deb reads it), anything else relative to the crate."""
+    (as cargo-deb reads it) or in $NIGHTSHIFT_PACKAGE_BINARIES, anything else relative to
+    the crate."""
     if source.startswith("target/release/"):
+        binaries = os.environ.get("NIGHTSHIFT_PACKAGE_BINARIES")
+        if binaries:
+            return Path(binaries).resolve() / source.removeprefix("target/release/")
         return ROOT / source
     return (ROOT / crate / source).resolve()
 
@@ -210,7 +215,7 @@ def build_deb(crate, package, out_dir):
         installed_kib = 0
         for dest, src, mode in files:
             if not src.is_file():
-                fail(crate, f"asset {src} is missing (run the release build first)")
+                fail(crate, f"asset {src} is missing (run the build first)")
             path = tree / dest
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, path)
@@ -311,7 +316,7 @@ def build_rpm(crate, package, out_dir):
                 fail(crate, f"package.metadata.generate-rpm.assets: {', '.join(sorted(unknown))} not supported")
             src = ROOT / asset["source"]  # relative to the workspace, as cargo-generate-rpm reads it
             if not src.is_file():
-                fail(crate, f"asset {src} is missing (run the release build first)")
+                fail(crate, f"asset {src} is missing (run the build first)")
             dest = asset["dest"]
             path = buildroot / dest.lstrip("/")
             path.parent.mkdir(parents=True, exist_ok=True)

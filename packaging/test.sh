@@ -92,7 +92,7 @@ if command -v systemd-analyze >/dev/null; then
     for unit in packaging/agent/nightshift-agent.service packaging/coordinator/nightshift-coordinator.service; do
         # verify resolves ExecStart binaries; point it at the built ones through a copy.
         tmp="$(mktemp -d)"
-        sed "s#/usr/bin/#$root/target/release/#g" "$unit" >"$tmp/$(basename "$unit")"
+        sed "s#/usr/bin/#$root/target/package-binaries/#g" "$unit" >"$tmp/$(basename "$unit")"
         if ! msg="$(systemd-analyze verify "$tmp/$(basename "$unit")" 2>&1)"; then
             # Without systemd as PID 1 some checks cannot run; only unit syntax errors count.
             if grep -qiE "unknown (key|section)|invalid|failed to parse" <<<"$msg"; then

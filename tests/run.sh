@@ -143,11 +143,12 @@ else
     part "the fuzz targets" bash tests/fuzz.sh
 fi
 
-# The packages: build the .deb and .rpm (a release build, then dpkg-deb and rpmbuild from the
-# crates' package metadata: packaging/build.sh), check them, install, validate and purge the
-# .debs, then boot them under systemd in a container.
+# The packages: build the .deb and .rpm (dpkg-deb and rpmbuild from the crates' package
+# metadata: packaging/build.sh), of the debug build above rather than a second, release
+# compile; check them, install, validate and purge the .debs, then boot them under systemd
+# in a container.
 if [ "${NIGHTSHIFT_SKIP_PACKAGES:-}" = 1 ]; then
     echo "tests/run.sh: NIGHTSHIFT_SKIP_PACKAGES=1: the package test did not run" >&2
 else
-    part "the package test" bash packaging/test.sh
+    part "the package test" env NIGHTSHIFT_PACKAGE_PROFILE=dev bash packaging/test.sh
 fi
