@@ -483,7 +483,7 @@ async fn a_full_store_answers_heartbeats_and_keeps_leases_alive() {
     let data = dir.path().join("data");
     let config = "heartbeat_interval_ms = 200\nlease_ttl_ms = 2000\n\n[[services]]\nname = \"chat\"\n\
         min_replicas = 0\ncooldown_s = 0.0\n[services.scale_down]\nwindow_s = 0.5\n";
-    let c = Coordinator::start_configured(&data, "ulimit -f 256; trap '' XFSZ;", config).await;
+    let c = Coordinator::start_configured(&data, "ulimit -f 1024; trap '' XFSZ;", config).await;
     let http = reqwest::Client::new();
     let post = |path: String, body: serde_json::Value| {
         let req = http.post(format!("{}{path}", c.url)).json(&body);
