@@ -32,8 +32,9 @@ pub struct CoreConfig {
     /// Jobs one decision places at most; the rest follow at the next decision. Bounds the
     /// work, and the batch of changes to write, that a decision holds everything else up
     /// for when a large queue meets many free GPUs at once. A decision's fixed cost (a walk
-    /// of the nodes and the queue) is paid once for all it places: at 10,000 nodes, 512 a
-    /// decision place a deep queue twice as fast as 256 did (docs/BENCHMARKS.md).
+    /// of the nodes and the queue) is paid once for all it places: at 10,000 agents, 512 a
+    /// decision placed a 10,000-job queue at 5,600-7,100 jobs/s where 256 placed 3,400-3,800
+    /// (commit 11e8d48; the placement figures now are in docs/BENCHMARKS.md).
     pub max_placements_per_decision: usize,
 }
 
