@@ -10,9 +10,7 @@
 //! - without: plain HTTP, by default on loopback only, since whoever reaches the address reads
 //!   every job's output; another address is the operator's choice, warned about at start.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -20,17 +18,11 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use crate::engine::Engine;
 use crate::state::Shared;
-
-/// Longest a TLS handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who is calling, from the connection's client certificate (verified against the cluster CA
 /// during the handshake). Only set on HTTPS connections.
@@ -116,37 +108,13 @@ pub async fn serve(listener: TcpListener, app: Router) {
 /// Serves `app` over HTTPS to the coordinator only (see the module's header).
 pub async fn serve_tls(listener: TcpListener, app: Router, config: Arc<ServerConfig>) {
     let app = app.layer(axum::middleware::from_fn(guard));
-    let acceptor = TlsAcceptor::from(config);
-    loop {
-        let (tcp, addr): (_, SocketAddr) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "agent api: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let (acceptor, app) = (acceptor.clone(), app.clone());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::info!(peer = %addr, error = %e, "agent api: tls handshake refused");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(peer = %addr, "agent api: tls handshake timed out");
-                    return;
-                }
-            };
-            let caller = Caller::of(tls.get_ref().1.peer_certificates());
-            let app = app.layer(axum::Extension(caller));
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
-                .await
-            {
-                tracing::debug!(peer = %addr, error = %e, "agent api: connection ended with an error");
-            }
-        });
-    }
+    nightshift_common::net::serve_tls(
+        "agent api",
+        listener,
+        app,
+        config,
+        Caller::of,
+        std::future::pending(),
+    )
+    .await;
 }

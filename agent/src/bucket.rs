@@ -37,10 +37,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper::{Request, StatusCode};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use nightshift_common::net::HttpsClient;
 use rusty_s3::{Credentials, S3Action, UrlStyle};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
@@ -469,7 +466,7 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 pub struct Bucket {
     bucket: rusty_s3::Bucket,
     credentials: Credentials,
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    client: HttpsClient<Body>,
     layout: Layout,
     endpoint: String,
     upload_wait: Duration,
@@ -503,18 +500,10 @@ impl Bucket {
             .map_err(|e| bad("checkpoints.object.endpoint", e))?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(Duration::from_secs(5)));
-        http.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
         Ok(Self {
             bucket,
             credentials: cfg.credentials()?,
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: nightshift_common::net::https_client(tls, Duration::from_secs(5)),
             layout: Layout::new(&cfg.key_prefix()),
             endpoint: cfg.endpoint.clone(),
             upload_wait: Duration::from_secs_f64(cfg.upload_wait_s),

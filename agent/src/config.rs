@@ -271,28 +271,14 @@ pub enum ConfigError {
 
 impl AgentConfig {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let lines = file
-            .map(nightshift_configfile::check_file::<Self>)
-            .transpose()?;
-        let mut builder = config::Config::builder();
-        if let Some(file) = file {
-            builder = builder.add_source(config::File::from(file).required(true));
-        }
-        let cfg: Self = builder
-            .add_source(
-                config::Environment::with_prefix("NIGHTSHIFT_AGENT")
-                    .separator("__")
-                    .try_parsing(true),
-            )
-            .build()?
-            .try_deserialize()?;
-        cfg.validate().map_err(|e| match (e, &lines) {
-            (ConfigError::Invalid { key, rule }, Some(lines)) => {
-                ConfigError::Located(lines.problem(key, rule))
-            }
-            (e, _) => e,
-        })?;
-        Ok(cfg)
+        nightshift_configfile::load(file, "NIGHTSHIFT_AGENT", |cfg: &Self, lines| {
+            cfg.validate().map_err(|e| match (e, lines) {
+                (ConfigError::Invalid { key, rule }, Some(lines)) => {
+                    ConfigError::Located(lines.problem(key, rule))
+                }
+                (e, _) => e,
+            })
+        })
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

@@ -16,10 +16,7 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use nightshift_common::net::{Failover, HttpsClient};
 use nightshift_common::{ApiError, DesiredNode, Heartbeat, RegisterReply, RegisterRequest};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -51,12 +48,11 @@ pub enum UplinkError {
 
 #[derive(Clone)]
 pub struct Uplink {
-    /// The coordinators' base URLs, in the order configured.
-    bases: std::sync::Arc<[String]>,
-    /// The one asked first: the last that answered (shared by clones).
-    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The coordinators' base URLs, in the order configured; the one asked first is the last
+    /// that answered.
+    bases: Failover<String>,
     node: String,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient<Full<Bytes>>,
 }
 
 impl Uplink {
@@ -80,43 +76,22 @@ impl Uplink {
             {
                 return Err(bad("https needs tls.ca_file (the cluster CA)"));
             }
-            // Plain HTTP: an empty trust store, so that no https:// peer is ever trusted.
-            None => rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| bad(&e.to_string()))?
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth(),
+            None => nightshift_common::net::trust_nobody().map_err(|e| bad(&e.to_string()))?,
         };
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        http.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
-        let bases: Vec<String> = coordinator_urls(base)
+        let bases = coordinator_urls(base)
             .iter()
             .map(|b| b.trim_end_matches('/').to_owned())
             .collect();
-        if bases.is_empty() {
-            return Err(bad("names no coordinator"));
-        }
         Ok(Self {
-            bases: bases.into(),
-            current: Default::default(),
+            bases: Failover::new(bases).ok_or_else(|| bad("names no coordinator"))?,
             node: node.to_owned(),
-            client,
+            client: nightshift_common::net::https_client(config, CONNECT_TIMEOUT),
         })
     }
 
     /// The base URL of the coordinator asked first now.
     pub fn base(&self) -> &str {
-        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
-        &self.bases[i % self.bases.len()]
+        self.bases.first()
     }
 
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterReply, UplinkError> {
@@ -151,25 +126,17 @@ impl Uplink {
         body: Option<&B>,
         timeout: Duration,
     ) -> Result<T, UplinkError> {
-        use std::sync::atomic::Ordering;
-        let n = self.bases.len();
-        let first = self.current.load(Ordering::Relaxed) % n;
-        let mut last = None;
-        for i in 0..n {
-            let at = (first + i) % n;
-            let url = format!("{}{path}", self.bases[at]);
-            match self.send_to(method.clone(), &url, body, timeout).await {
-                Err(e) if n > 1 && fails_over(&e) => last = Some(e),
-                answered => {
-                    if i > 0 {
-                        self.current.store(at, Ordering::Relaxed);
-                        tracing::info!(coordinator = %self.bases[at], "following the coordinator that answers");
-                    }
-                    return answered;
-                }
-            }
-        }
-        Err(last.expect("one coordinator at least"))
+        self.bases
+            .call(
+                |base| {
+                    let url = format!("{base}{path}");
+                    let method = method.clone();
+                    async move { self.send_to(method, &url, body, timeout).await }
+                },
+                |sent| sent.as_ref().is_err_and(fails_over),
+                |_| false,
+            )
+            .await
     }
 
     async fn send_to<B: Serialize, T: DeserializeOwned>(
@@ -226,15 +193,7 @@ impl Uplink {
     }
 }
 
-/// The coordinators' URLs in `coordinator` (agent.toml, `--coordinator`,
-/// `NIGHTSHIFT_URL`): one, or several separated by commas.
-pub fn coordinator_urls(coordinator: &str) -> Vec<&str> {
-    coordinator
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .collect()
-}
+pub use nightshift_common::net::coordinator_urls;
 
 /// Whether another coordinator may answer a call that failed so: this one is unreachable,
 /// or a standby (503).

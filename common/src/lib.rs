@@ -6,7 +6,7 @@
 //!
 //! Behind the `logging` feature, [`logging`] holds the binaries' log setup (journald-aware) and
 //! error printing; behind the `tls` feature, [`tls`] the certificate helpers of the agent, the
-//! coordinator and the CLI.
+//! coordinator and the CLI; behind `client` and `server`, [`net`] the HTTP transport they share.
 
 pub mod agent;
 pub mod api;
@@ -16,6 +16,8 @@ pub mod job;
 pub mod labels;
 #[cfg(feature = "logging")]
 pub mod logging;
+#[cfg(any(feature = "client", feature = "server"))]
+pub mod net;
 pub mod pipeline;
 pub mod sandbox;
 #[cfg(feature = "tls")]

@@ -152,6 +152,38 @@ fn walk_value(text: &str, value: &DeValue<'_>, path: &str, lines: &mut HashMap<S
     }
 }
 
+/// A binary's configuration: `file` checked against `T` first (every syntax error, wrong
+/// type and unknown key with its line), then read with the environment's overrides on top
+/// (`ENV_PREFIX__KEY`, `__` between nested keys, values parsed as TOML scalars), then given
+/// to `validate` with where each of the file's keys is, so that a rule it finds broken can be
+/// reported at its key's line ([`KeyLines::problem`]). Without `file`, the environment
+/// alone.
+pub fn load<T, E>(
+    file: Option<&Path>,
+    env_prefix: &str,
+    validate: impl FnOnce(&T, Option<&KeyLines>) -> Result<(), E>,
+) -> Result<T, E>
+where
+    T: DeserializeOwned,
+    E: From<FileError> + From<config::ConfigError>,
+{
+    let lines = file.map(check_file::<T>).transpose()?;
+    let mut builder = config::Config::builder();
+    if let Some(file) = file {
+        builder = builder.add_source(config::File::from(file).required(true));
+    }
+    let loaded: T = builder
+        .add_source(
+            config::Environment::with_prefix(env_prefix)
+                .separator("__")
+                .try_parsing(true),
+        )
+        .build()?
+        .try_deserialize()?;
+    validate(&loaded, lines.as_ref())?;
+    Ok(loaded)
+}
+
 /// Reads `file` and checks it against `T`; see [`check_text`].
 pub fn check_file<T: DeserializeOwned>(file: &Path) -> Result<KeyLines, FileError> {
     let text = std::fs::read_to_string(file).map_err(|source| FileError::Read {

@@ -246,28 +246,14 @@ fn ms(seconds: f64) -> u64 {
 impl CoordinatorConfig {
     /// Reads `file` (when given) and the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let lines = file
-            .map(nightshift_configfile::check_file::<Self>)
-            .transpose()?;
-        let mut builder = config::Config::builder();
-        if let Some(file) = file {
-            builder = builder.add_source(config::File::from(file).required(true));
-        }
-        let cfg: Self = builder
-            .add_source(
-                config::Environment::with_prefix("NIGHTSHIFT_COORDINATOR")
-                    .separator("__")
-                    .try_parsing(true),
-            )
-            .build()?
-            .try_deserialize()?;
-        cfg.validate().map_err(|e| match (e, &lines) {
-            (ConfigError::Invalid { key, rule }, Some(lines)) => {
-                ConfigError::Located(lines.problem(&key, rule))
-            }
-            (e, _) => e,
-        })?;
-        Ok(cfg)
+        nightshift_configfile::load(file, "NIGHTSHIFT_COORDINATOR", |cfg: &Self, lines| {
+            cfg.validate().map_err(|e| match (e, lines) {
+                (ConfigError::Invalid { key, rule }, Some(lines)) => {
+                    ConfigError::Located(lines.problem(&key, rule))
+                }
+                (e, _) => e,
+            })
+        })
     }
 
     /// With API tokens on (the token file `tokens` holds one), the agent routes must be

@@ -14,23 +14,16 @@
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use nightshift_common::tls::TlsFileError;
 use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ServerConfig};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use crate::cluster::Cluster;
 use crate::config::TlsConfig;
-
-/// Longest a TLS handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The node named by the connection's client certificate; `PeerNode(None)` on a TLS
 /// connection without one. Absent on plain HTTP (no TLS configured).
@@ -279,48 +272,12 @@ pub async fn serve_tls_router(
     config: Arc<ServerConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let acceptor = TlsAcceptor::from(config);
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, addr) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let (acceptor, app) = (acceptor.clone(), app.clone());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::info!(peer = %addr, error = %e, "tls handshake refused");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(peer = %addr, "tls handshake timed out");
-                    return;
-                }
-            };
-            let node = tls
-                .get_ref()
-                .1
-                .peer_certificates()
+    let peer = |chain: Option<&[rustls::pki_types::CertificateDer<'static>]>| {
+        PeerNode(
+            chain
                 .and_then(|chain| chain.first())
-                .and_then(|cert| crate::pki::common_name(cert));
-            let app = app
-                .layer(axum::Extension(PeerNode(node)))
-                .layer(axum::Extension(axum::extract::ConnectInfo(addr)));
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
-                .await
-            {
-                tracing::debug!(peer = %addr, error = %e, "connection ended with an error");
-            }
-        });
-    }
+                .and_then(|cert| crate::pki::common_name(cert)),
+        )
+    };
+    nightshift_common::net::serve_tls("api", listener, app, config, peer, shutdown).await;
 }

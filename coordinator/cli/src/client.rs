@@ -18,9 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, StatusCode};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use nightshift_common::net::{Failover, HttpsClient, coordinator_urls};
 use nightshift_common::{ApiError, JobList, JobSpec, JobView, NodeList};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -125,8 +123,22 @@ fn display_api(status: StatusCode, error: &ApiError) -> String {
     }
 }
 
-/// One coordinator's base URL, validated, with a trailing `/`, and as shown in messages.
-fn parse_base(base_url: &str, ca: Option<&Path>) -> Result<(Url, String), ClientError> {
+/// One coordinator's base URL, which always ends with `/` so that relative API paths join
+/// below it, and the base as the user would write it, for messages.
+#[derive(Debug)]
+struct Base {
+    url: Url,
+    shown: String,
+}
+
+impl fmt::Display for Base {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+/// One coordinator's base URL, validated.
+fn parse_base(base_url: &str, ca: Option<&Path>) -> Result<Base, ClientError> {
     let invalid = |reason: &str| ClientError::InvalidUrl {
         url: base_url.to_owned(),
         reason: reason.to_owned(),
@@ -158,7 +170,7 @@ fn parse_base(base_url: &str, ca: Option<&Path>) -> Result<(Url, String), Client
         base.set_path(&path);
     }
     let shown = base.as_str().trim_end_matches('/').to_owned();
-    Ok((base, shown))
+    Ok(Base { url: base, shown })
 }
 
 /// The cause of a failed connection or exchange (hyper's, or the TLS layer's).
@@ -183,26 +195,7 @@ fn tls_cause<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustl
     None
 }
 
-/// A short cause for a transport failure: the innermost error, in plain words where the OS
-/// error has a well-known meaning ("connection refused" rather than "os error 111").
-fn describe_transport(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut innermost: &dyn std::error::Error = err;
-    let mut io_kind = None;
-    while let Some(next) = innermost.source() {
-        if let Some(io) = next.downcast_ref::<std::io::Error>() {
-            io_kind = Some(io.kind());
-        }
-        innermost = next;
-    }
-    match io_kind {
-        Some(std::io::ErrorKind::ConnectionRefused) => "connection refused".to_owned(),
-        Some(std::io::ErrorKind::ConnectionReset) => "connection reset".to_owned(),
-        Some(std::io::ErrorKind::ConnectionAborted) => "connection aborted".to_owned(),
-        Some(std::io::ErrorKind::HostUnreachable) => "host unreachable".to_owned(),
-        Some(std::io::ErrorKind::NetworkUnreachable) => "network unreachable".to_owned(),
-        _ => innermost.to_string(),
-    }
-}
+use nightshift_common::net::describe_transport;
 
 /// A client for one coordinator, or for several sharing a PostgreSQL database (of which
 /// one leads and the others answer 503): a request that finds its coordinator unreachable
@@ -210,14 +203,12 @@ fn describe_transport(err: &(dyn std::error::Error + 'static)) -> String {
 /// clone; clones share a connection pool.
 #[derive(Clone)]
 pub struct Client {
-    http: hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: HttpsClient<Full<Bytes>>,
     /// The CA the coordinator's certificate is checked against (`https://` only).
     ca: Option<PathBuf>,
-    /// Each coordinator's base, which always ends with `/` so that relative API paths join
-    /// below it, and the base as the user would write it, for messages.
-    bases: std::sync::Arc<[(Url, String)]>,
-    /// The coordinator asked first: the last that answered (shared by clones).
-    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Each coordinator's base; the one asked first is the last that answered (shared by
+    /// clones).
+    bases: Failover<Base>,
     request_timeout: Duration,
     /// Sent as `Authorization: Bearer`; never logged or shown.
     token: Option<String>,
@@ -252,24 +243,19 @@ impl Client {
         connect: Duration,
         request: Duration,
     ) -> Result<Self, ClientError> {
-        let bases = base_url
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
+        let bases = coordinator_urls(base_url)
+            .into_iter()
             .map(|u| parse_base(u, ca))
             .collect::<Result<Vec<_>, _>>()?;
-        if bases.is_empty() {
-            return Err(ClientError::InvalidUrl {
-                url: base_url.to_owned(),
-                reason: "expected http://host:port".to_owned(),
-            });
-        }
+        let bases = Failover::new(bases).ok_or_else(|| ClientError::InvalidUrl {
+            url: base_url.to_owned(),
+            reason: "expected http://host:port".to_owned(),
+        })?;
         let http = http_client(ca, connect)?;
         Ok(Self {
             http,
             ca: ca.map(Path::to_owned),
-            bases: bases.into(),
-            current: Default::default(),
+            bases,
             request_timeout: request,
             token: None,
         })
@@ -277,16 +263,12 @@ impl Client {
 
     /// The base of the coordinator asked first now.
     fn base(&self) -> &Url {
-        &self.bases[self.at()].0
+        &self.bases.first().url
     }
 
     /// That base as the user would write it.
     fn shown(&self) -> &str {
-        &self.bases[self.at()].1
-    }
-
-    fn at(&self) -> usize {
-        self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len()
+        &self.bases.first().shown
     }
 
     /// Sends `token` (an API token, `NIGHTSHIFT_TOKEN`) with every request.
@@ -477,45 +459,29 @@ impl Client {
         path: &str,
         body: Option<&B>,
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
-        use std::sync::atomic::Ordering;
-        let n = self.bases.len();
-        let first = self.at();
-        let mut last = None;
-        for i in 0..n {
-            let at = (first + i) % n;
-            let sent = self.send_to(at, method.clone(), path, body).await;
-            let fails_over = match &sent {
-                Err(ClientError::Unreachable { .. } | ClientError::Timeout { .. }) => true,
-                Ok((_, status, _)) => *status == StatusCode::SERVICE_UNAVAILABLE,
-                Err(_) => false,
-            };
-            if n > 1 && fails_over {
-                // An answer (a standby's, which names the leader) says more than a failure.
-                if last.as_ref().is_none_or(Result::is_err) {
-                    last = Some(sent);
-                }
-                if i + 1 < n {
-                    continue;
-                }
-                return last.expect("set above");
-            }
-            if i > 0 {
-                self.current.store(at, Ordering::Relaxed);
-            }
-            return sent;
-        }
-        unreachable!("one coordinator at least")
+        self.bases
+            .call(
+                |base| self.send_to(base, method.clone(), path, body),
+                |sent| match sent {
+                    Err(ClientError::Unreachable { .. } | ClientError::Timeout { .. }) => true,
+                    Ok((_, status, _)) => *status == StatusCode::SERVICE_UNAVAILABLE,
+                    Err(_) => false,
+                },
+                // A standby's answer (which names the leader) says more than a failure.
+                Result::is_ok,
+            )
+            .await
     }
 
-    /// [`Client::send`] to the coordinator `at`.
+    /// [`Client::send`] to the coordinator at `base`.
     async fn send_to<B: Serialize + ?Sized>(
         &self,
-        at: usize,
+        base: &Base,
         method: Method,
         path: &str,
         body: Option<&B>,
     ) -> Result<(String, StatusCode, Bytes), ClientError> {
-        let (base, shown) = &self.bases[at];
+        let Base { url: base, shown } = base;
         let url = base.join(path).map_err(|e| ClientError::InvalidUrl {
             url: format!("{shown}/{path}"),
             reason: e.to_string(),
@@ -623,31 +589,23 @@ impl Client {
 fn http_client(
     ca: Option<&Path>,
     connect: Duration,
-) -> Result<
-    hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    ClientError,
-> {
-    let provider = nightshift_common::tls::provider();
-    let roots = match ca {
-        Some(ca) => nightshift_common::tls::load_roots("--ca", ca)
-            .map_err(|e| ClientError::Ca(e.to_string()))?,
-        // Plain HTTP only: an empty trust store, so that no https:// peer is ever trusted.
-        None => std::sync::Arc::new(rustls::RootCertStore::empty()),
+) -> Result<HttpsClient<Full<Bytes>>, ClientError> {
+    let config = match ca {
+        Some(ca) => {
+            let roots = nightshift_common::tls::load_roots("--ca", ca)
+                .map_err(|e| ClientError::Ca(e.to_string()))?;
+            rustls::ClientConfig::builder_with_provider(nightshift_common::tls::provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| ClientError::Ca(e.to_string()))?
+                .with_root_certificates(roots)
+                .with_no_client_auth()
+        }
+        // Plain HTTP only: no https:// peer is ever trusted.
+        None => {
+            nightshift_common::net::trust_nobody().map_err(|e| ClientError::Ca(e.to_string()))?
+        }
     };
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ClientError::Ca(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect));
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector))
+    Ok(nightshift_common::net::https_client(config, connect))
 }
 
 fn error_from_body(request: String, status: StatusCode, body: &[u8]) -> ClientError {

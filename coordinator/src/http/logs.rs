@@ -16,8 +16,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use nightshift_common::ApiError;
 use serde::Deserialize;
 
@@ -107,16 +105,7 @@ pub async fn logs(
     }
     let config = crate::https::agent_client_config(tls.as_ref(), &node)
         .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?;
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(CONNECT));
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .build::<_, Empty<Bytes>>(connector);
+    let client = nightshift_common::net::https_client::<Empty<Bytes>>(config, CONNECT);
     let request = hyper::Request::get(&url)
         .body(Empty::new())
         .map_err(|e| unreachable(&e))?;
