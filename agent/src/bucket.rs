@@ -38,6 +38,7 @@ use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper::{Request, StatusCode};
 use nightshift_common::net::HttpsClient;
+use nightshift_planner::CheckpointLayout;
 use rusty_s3::{Credentials, S3Action, UrlStyle};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
@@ -253,8 +254,8 @@ fn load_roots(ca_file: Option<&Path>) -> Result<rustls::RootCertStore, ObjectCon
 // ---------------------------------------------------------------------------------------
 // The key layout
 
-/// The keys of jobs' checkpoints, under the configured prefix; those of one rank of a
-/// gang ([`Layout::rank`]) under `rank-R/`, apart from the other ranks'.
+/// The keys of jobs' checkpoints, under the configured prefix, where [`CheckpointLayout`]
+/// puts them; those of one rank of a gang ([`Layout::rank`]) apart from the other ranks'.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     prefix: String,
@@ -285,15 +286,12 @@ impl Layout {
 
     /// Where every attempt of `job` (of this layout's rank) keeps its checkpoint.
     pub fn job(&self, job: u64) -> String {
-        match self.rank {
-            None => format!("{}jobs/{job}/checkpoints/", self.prefix),
-            Some(r) => format!("{}jobs/{job}/checkpoints/rank-{r}/", self.prefix),
-        }
+        CheckpointLayout::new(job, self.rank).attempts_key(&self.prefix)
     }
 
     /// Where the attempt of `epoch` keeps it.
     pub fn epoch(&self, job: u64, epoch: u64) -> String {
-        format!("{}{epoch:020}/", self.job(job))
+        CheckpointLayout::new(job, self.rank).attempt_key(&self.prefix, epoch)
     }
 
     pub fn started(&self, job: u64, epoch: u64) -> String {

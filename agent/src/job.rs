@@ -8,6 +8,7 @@ use nightshift_common::labels::{self, env};
 use nightshift_common::{LeaseGrant, labels::CHECKPOINT_MOUNT, labels::OUTPUT_MOUNT};
 
 use nightshift_common::{Capture, STDOUT_OUTPUT};
+use nightshift_planner::CheckpointLayout;
 
 use crate::engine::{ContainerSpec, Engine, GpuAccess, PortPublish};
 
@@ -49,10 +50,11 @@ pub struct JobDirs {
     /// The checkpoint directory mounted at [`CHECKPOINT_MOUNT`].
     pub checkpoint: PathBuf,
     pub outputs: PathBuf,
-    /// Where every attempt's checkpoint directory lives, by epoch.
-    attempts: PathBuf,
-    /// The job's single checkpoint directory from before attempts had their own.
-    legacy: PathBuf,
+    /// The root the checkpoint directories are under (`work_dir`, or the shared directory).
+    root: PathBuf,
+    /// Where under it each attempt's is, by epoch, and the job's single directory from
+    /// before attempts had their own.
+    layout: CheckpointLayout,
     epoch: Option<u64>,
     /// The epoch of the earlier attempt whose checkpoint this one's was seeded from; 0 for
     /// the directory from before attempts had their own.
@@ -63,12 +65,15 @@ impl JobDirs {
     /// The directories of the job as a whole: its outputs, and as its checkpoint directory
     /// the one its attempts shared before each had its own.
     pub fn new(work_dir: &Path, job_id: u64) -> Self {
-        let root = work_dir.join("jobs").join(job_id.to_string());
+        let layout = CheckpointLayout::new(job_id, None);
         Self {
-            checkpoint: root.join("checkpoint"),
-            outputs: root.join("outputs"),
-            attempts: root.join("checkpoints"),
-            legacy: root.join("checkpoint"),
+            checkpoint: layout.legacy_dir(work_dir),
+            outputs: work_dir
+                .join("jobs")
+                .join(job_id.to_string())
+                .join("outputs"),
+            root: work_dir.to_owned(),
+            layout,
             epoch: None,
             resumed_from: None,
         }
@@ -78,13 +83,7 @@ impl JobDirs {
     /// its outputs under `work_dir`, its checkpoints under `checkpoint_root` (`work_dir`
     /// itself with local storage, the shared directory with shared storage).
     pub fn attempt(work_dir: &Path, checkpoint_root: &Path, job_id: u64, epoch: u64) -> Self {
-        let mut dirs = Self::new(work_dir, job_id);
-        let root = checkpoint_root.join("jobs").join(job_id.to_string());
-        dirs.attempts = root.join("checkpoints");
-        dirs.legacy = root.join("checkpoint");
-        dirs.checkpoint = dirs.attempts.join(epoch.to_string());
-        dirs.epoch = Some(epoch);
-        dirs
+        Self::member(work_dir, checkpoint_root, job_id, epoch, None)
     }
 
     /// The directories of the attempt that runs under `lease`: [`JobDirs::attempt`], with a
@@ -108,12 +107,14 @@ impl JobDirs {
         epoch: u64,
         rank: Option<u32>,
     ) -> Self {
-        let mut dirs = Self::attempt(work_dir, checkpoint_root, job, epoch);
-        if let Some(r) = rank {
-            dirs.attempts = dirs.attempts.join(format!("rank-{r}"));
-            dirs.checkpoint = dirs.attempts.join(epoch.to_string());
+        let layout = CheckpointLayout::new(job, rank);
+        Self {
+            checkpoint: layout.attempt_dir(checkpoint_root, epoch),
+            root: checkpoint_root.to_owned(),
+            layout,
+            epoch: Some(epoch),
+            ..Self::new(work_dir, job)
         }
-        dirs
     }
 
     /// Before the attempt starts: fills its checkpoint directory with a copy of the newest
@@ -132,11 +133,11 @@ impl JobDirs {
         if self.checkpoint.exists() {
             return Ok(());
         }
-        std::fs::create_dir_all(&self.attempts)?;
+        std::fs::create_dir_all(self.layout.attempts_dir(&self.root))?;
         let Some((from_epoch, from)) = source else {
             return std::fs::create_dir_all(&self.checkpoint);
         };
-        let partial = self.attempts.join(format!("{epoch}.partial"));
+        let partial = self.layout.partial_dir(&self.root, epoch);
         if partial.exists() {
             std::fs::remove_dir_all(&partial)?;
         }
@@ -169,19 +170,21 @@ impl JobDirs {
     /// Checkpoint directories of attempts below `epoch`, highest first; the legacy one, if
     /// any, counts as epoch 0.
     fn earlier(&self, epoch: u64) -> std::io::Result<Vec<(u64, PathBuf)>> {
-        let mut found: Vec<(u64, PathBuf)> = match std::fs::read_dir(&self.attempts) {
-            Ok(entries) => entries
-                .flatten()
-                .filter_map(|e| {
-                    let n: u64 = e.file_name().to_str()?.parse().ok()?;
-                    (n < epoch && e.file_type().ok()?.is_dir()).then(|| (n, e.path()))
-                })
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        if epoch > 0 && self.legacy.is_dir() {
-            found.push((0, self.legacy.clone()));
+        let mut found: Vec<(u64, PathBuf)> =
+            match std::fs::read_dir(self.layout.attempts_dir(&self.root)) {
+                Ok(entries) => entries
+                    .flatten()
+                    .filter_map(|e| {
+                        let n = CheckpointLayout::dir_epoch(e.file_name().to_str()?)?;
+                        (n < epoch && e.file_type().ok()?.is_dir()).then(|| (n, e.path()))
+                    })
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(e),
+            };
+        let legacy = self.layout.legacy_dir(&self.root);
+        if epoch > 0 && legacy.is_dir() {
+            found.push((0, legacy));
         }
         found.sort_unstable_by_key(|(epoch, _)| std::cmp::Reverse(*epoch));
         Ok(found)
@@ -288,13 +291,7 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// The node rank of a gang member's lease; `None` for a single-node job.
-pub fn gang_rank(lease: &LeaseGrant) -> Option<u32> {
-    lease
-        .rendezvous
-        .as_ref()
-        .filter(|r| r.nnodes > 1)
-        .map(|r| r.node_rank)
-}
+pub use nightshift_planner::gang_rank;
 
 pub fn container_name(node: &str, lease: &LeaseGrant) -> String {
     format!("nightshift-job-{node}-{}-{}", lease.job_id, lease.lease_id)

@@ -6,6 +6,8 @@
 //! (`drain.rs`) and the reclaim (`reclaim.rs`) are its two halves, the fail-safe
 //! ([`failsafe`]) decides when the coordinator's silence voids the leases, and the replica's
 //! state changes only through one transition function ([`lifecycle::apply`]).
+//! [`CheckpointLayout`] names where every attempt's checkpoint lives, on disk and in an
+//! object store.
 //!
 //! This crate does no I/O, reads no clock and spawns nothing: it depends on
 //! `nightshift-common` and `thiserror` only, which its Cargo.toml enforces and
@@ -16,6 +18,7 @@ mod config;
 mod container;
 mod drain;
 pub mod failsafe;
+mod layout;
 pub mod lifecycle;
 mod plan;
 mod reclaim;
@@ -25,6 +28,7 @@ pub use config::{PlanConfig, ReclaimMode};
 pub use container::{
     Container, ContainerState, GRACE_LABEL, gpus_of, jobs, label_u64, lease_of, replica,
 };
+pub use layout::{CheckpointLayout, gang_rank};
 pub use lifecycle::{IllegalMove, ReplicaEvent};
 pub use plan::{
     Health, Memory, Note, Observation, Phase, ReplicaProbe, Stale, StartFailure, Step, StopJob,
