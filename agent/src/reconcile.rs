@@ -974,9 +974,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             if let Some(pinned) = self.pinned.get(&lease.job.image) {
                 spec.image = pinned.clone();
             }
-            for g in &lease.gpus {
-                self.mem.fenced.insert(*g, lease.epoch);
-            }
+            self.mem.fence(lease);
             match self.engine.run(&spec).await {
                 Ok(id) => {
                     if let Some((_, _, started)) = self.restored.get_mut(&lease.lease_id) {

@@ -210,6 +210,16 @@ impl Memory {
         }
     }
 
+    /// Fences `lease`'s GPUs at its epoch as its container is started: from then on a lease
+    /// of a lower epoch on any of them is stale ([`honoured`]), whatever the coordinator
+    /// lists (ARCHITECTURE.md, invariant 3).
+    pub fn fence(&mut self, lease: &LeaseGrant) {
+        for g in &lease.gpus {
+            let e = self.fenced.entry(*g).or_default();
+            *e = (*e).max(lease.epoch);
+        }
+    }
+
     /// Notes which start failures' leases the coordinator no longer lists, and forgets those
     /// unlisted for a lease TTL.
     pub fn track_start_failures(&mut self, desired: &DesiredNode, now: Moment) {

@@ -499,6 +499,30 @@ fn a_stale_lease_is_refused() {
 }
 
 #[test]
+fn a_started_lease_fences_its_gpus_against_every_lower_epoch() {
+    let mut mem = Memory::default();
+    mem.fence(&lease(1, 7, vec![0, 1]));
+    // A lease seen later with a lower epoch (a coordinator restored from an older state)
+    // never lowers the fence.
+    mem.fence(&lease(2, 4, vec![1]));
+    assert_eq!(mem.fenced, HashMap::from([(0, 7), (1, 7)]));
+    let (ok, stale) = honoured(
+        &[lease(3, 6, vec![1]), lease(4, 8, vec![0, 2])],
+        &mem.fenced,
+    );
+    assert_eq!(ok.iter().map(|l| l.lease_id).collect::<Vec<_>>(), [4]);
+    assert_eq!(
+        stale,
+        [Stale {
+            lease_id: 3,
+            epoch: 6,
+            gpu: 1,
+            seen: 7
+        }]
+    );
+}
+
+#[test]
 fn start_failures_are_forgotten_a_lease_ttl_after_unlisting() {
     let t0 = t0();
     let l = lease(1, 1, vec![0]);
