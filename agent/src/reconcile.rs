@@ -109,12 +109,6 @@ pub struct Reconciler<E, G, S> {
     restored: HashMap<u64, (LeaseGrant, Restored, bool)>,
     /// The exited job containers whose checkpoint upload was started.
     uploading: HashSet<String>,
-    /// The job containers running at the last look at the engine.
-    running_jobs: HashSet<String>,
-    /// While the engine does not answer: the job containers that ran when it went away.
-    /// Those found exited when it is back were stopped by the host (a dockerd stop or
-    /// restart stops its containers), not by their job.
-    engine_away: Option<HashSet<String>>,
 }
 
 /// Tries of a checkpoint upload, 2, 4, 8 and 16 s apart (each request is also tried
@@ -159,8 +153,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             restores: HashMap::new(),
             restored: HashMap::new(),
             uploading: HashSet::new(),
-            running_jobs: HashSet::new(),
-            engine_away: None,
         }
     }
 
@@ -222,13 +214,22 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let mut obs = match self.observe(ask).await {
                 Ok(obs) => obs,
                 Err(e) => {
-                    if matches!(e, ReconcileError::Engine(_)) && self.engine_away.is_none() {
-                        self.engine_away = Some(std::mem::take(&mut self.running_jobs));
+                    if matches!(e, ReconcileError::Engine(_)) {
+                        self.mem.engine_lost();
                     }
                     return Err(e);
                 }
             };
-            self.engine_back(&obs.containers);
+            for c in self.mem.engine_seen(&obs.containers) {
+                if let ContainerState::Exited { exit_code } = c.state {
+                    tracing::warn!(
+                        node = %self.node(),
+                        container = %c.name,
+                        exit_code,
+                        "a job container stopped while the container engine was away: reported as stopped by the host, not as the job's own exit"
+                    );
+                }
+            }
             self.mem.learn_fences(&obs.containers);
             let leases = match &desired {
                 Some(d) => self.honoured(d, round == 0),
@@ -297,33 +298,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             self.shared.update(|o| o.applied_version = version);
         }
         Ok(())
-    }
-
-    /// After the engine did not answer: a job container that ran when it went away and has
-    /// exited since was stopped with the engine (its exit code is the engine's SIGTERM or
-    /// SIGKILL, not the job's verdict), so it is reported as stopped by the host, and the
-    /// coordinator requeues the job instead of counting a failure. Then remembers which job
-    /// containers run now.
-    fn engine_back(&mut self, containers: &[Container]) {
-        if let Some(ran) = self.engine_away.take() {
-            for c in jobs(containers) {
-                if let ContainerState::Exited { exit_code } = c.state
-                    && ran.contains(&c.id)
-                    && self.mem.stopped.insert(c.id.clone())
-                {
-                    tracing::warn!(
-                        node = %self.node(),
-                        container = %c.name,
-                        exit_code,
-                        "a job container stopped while the container engine was away: reported as stopped by the host, not as the job's own exit"
-                    );
-                }
-            }
-        }
-        self.running_jobs = jobs(containers)
-            .filter(|c| c.state == ContainerState::Running)
-            .map(|c| c.id.clone())
-            .collect();
     }
 
     /// Every container this agent manages on this host.

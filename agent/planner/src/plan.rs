@@ -176,6 +176,10 @@ pub struct Memory {
     pub phase: Option<(Phase, Moment)>,
     /// Finished containers whose removal failed in this pass (tried again next pass).
     pub unremovable: HashSet<String>,
+    /// The job containers running at the last look at the engine.
+    pub running_jobs: HashSet<String>,
+    /// While the engine does not answer: the job containers that ran when it went away.
+    pub engine_away: Option<HashSet<String>>,
 }
 
 impl Default for Memory {
@@ -189,6 +193,8 @@ impl Default for Memory {
             silence_logged: false,
             phase: None,
             unremovable: HashSet::new(),
+            running_jobs: HashSet::new(),
+            engine_away: None,
         }
     }
 }
@@ -208,6 +214,39 @@ impl Memory {
                 *e = (*e).max(epoch);
             }
         }
+    }
+
+    /// The engine did not answer: remembers which job containers ran when it went away
+    /// (once, however long it stays away).
+    pub fn engine_lost(&mut self) {
+        if self.engine_away.is_none() {
+            self.engine_away = Some(std::mem::take(&mut self.running_jobs));
+        }
+    }
+
+    /// A look at the engine's `containers`. After the engine was away, a job container that
+    /// ran when it went away and has exited since was stopped with the engine (a dockerd
+    /// stop or restart stops its containers: its exit code is the engine's SIGTERM or
+    /// SIGKILL, not the job's verdict), so it counts as stopped by the agent's side and the
+    /// coordinator requeues the job instead of counting a failure: those containers are
+    /// returned, newly in [`Memory::stopped`]. Then remembers which job containers run now.
+    pub fn engine_seen<'a>(&mut self, containers: &'a [Container]) -> Vec<&'a Container> {
+        let mut stopped_with_engine = Vec::new();
+        if let Some(ran) = self.engine_away.take() {
+            for c in jobs(containers) {
+                if matches!(c.state, ContainerState::Exited { .. })
+                    && ran.contains(&c.id)
+                    && self.stopped.insert(c.id.clone())
+                {
+                    stopped_with_engine.push(c);
+                }
+            }
+        }
+        self.running_jobs = jobs(containers)
+            .filter(|c| c.state == ContainerState::Running)
+            .map(|c| c.id.clone())
+            .collect();
+        stopped_with_engine
     }
 
     /// Fences `lease`'s GPUs at its epoch as its container is started: from then on a lease

@@ -1,6 +1,6 @@
 //! The planner's key decisions, pure: no runtime, no fake, a time made up by the test.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use nightshift_common::{DesiredNode, JobSpec, LeaseGrant, ReplicaState, SequenceKind, labels};
@@ -520,6 +520,44 @@ fn a_started_lease_fences_its_gpus_against_every_lower_epoch() {
             seen: 7
         }]
     );
+}
+
+#[test]
+fn a_job_that_exited_while_the_engine_was_away_counts_as_stopped_by_the_host() {
+    let (a, b, c) = (
+        lease(1, 1, vec![0]),
+        lease(2, 2, vec![1]),
+        lease(3, 3, vec![2]),
+    );
+    let mut mem = Memory::default();
+    // Before the engine goes: a and b run, c has exited already (the job's own verdict).
+    let before = [
+        job("a", &a, ContainerState::Running),
+        job("b", &b, ContainerState::Running),
+        job("c", &c, ContainerState::Exited { exit_code: 1 }),
+    ];
+    assert!(mem.engine_seen(&before).is_empty());
+    mem.engine_lost();
+    // Still away at the next look: what ran when it went is kept, not what runs now (none).
+    mem.engine_lost();
+    // Back: a exited with the engine's SIGTERM, b survived (a live restore), c is as it was.
+    let after = [
+        job("a", &a, ContainerState::Exited { exit_code: 143 }),
+        job("b", &b, ContainerState::Running),
+        job("c", &c, ContainerState::Exited { exit_code: 1 }),
+    ];
+    let stopped: Vec<&str> = mem
+        .engine_seen(&after)
+        .iter()
+        .map(|c| c.id.as_str())
+        .collect();
+    assert_eq!(stopped, ["a"]);
+    assert!(mem.stopped.contains("a") && !mem.stopped.contains("c"));
+    assert_eq!(mem.running_jobs, HashSet::from(["b".to_owned()]));
+    // Once back, nothing more is put on the engine's account.
+    let later = [job("b", &b, ContainerState::Exited { exit_code: 0 })];
+    assert!(mem.engine_seen(&later).is_empty());
+    assert!(!mem.stopped.contains("b"));
 }
 
 #[test]
