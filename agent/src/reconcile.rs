@@ -17,6 +17,7 @@ use std::time::Duration;
 use nightshift_common::labels;
 use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
 use nightshift_planner::failsafe::{self, Alarm};
+use nightshift_planner::images::HostImage;
 use nightshift_planner::{
     IllegalMove, Memory, Moment, Note, Observation, Phase, PlanConfig, ReplicaEvent, ReplicaProbe,
     StartFailure, Step, StopJob, Stuck, gpus_of, jobs, label_u64, lease_of,
@@ -78,12 +79,6 @@ pub struct Reconciler<E, G, S> {
     origin: Instant,
     /// Output parameters read from a finished container, by container id.
     outputs: HashMap<String, BTreeMap<String, String>>,
-    /// A job image's reference pinned to its registry digest (`repo@sha256:...`), learnt
-    /// from the engine when the image is found or pulled: what the job's container runs.
-    pinned: HashMap<String, String>,
-    /// The ids of the job images this agent pulled: what it may remove when the engine's
-    /// disk runs low (an image it did not pull is someone else's).
-    pulled: HashSet<String>,
     /// Pulls under way, by image, with when each began.
     pulls: HashMap<
         String,
@@ -92,8 +87,6 @@ pub struct Reconciler<E, G, S> {
             tokio::task::JoinHandle<Result<ImageInfo, EngineError>>,
         ),
     >,
-    /// The ids of the images that leases waiting to start need, this round: kept.
-    wanted: HashSet<String>,
     host: Arc<dyn Host>,
     /// The bucket of object checkpoint storage; `None` with other storage.
     bucket: Option<Arc<Bucket>>,
@@ -144,10 +137,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             mem,
             origin: Instant::now(),
             outputs: HashMap::new(),
-            pinned: HashMap::new(),
-            pulled: HashSet::new(),
             pulls: HashMap::new(),
-            wanted: HashSet::new(),
             host: Arc::new(SysinfoHost::new()),
             bucket: None,
             restores: HashMap::new(),
@@ -557,26 +547,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     /// when a registry knows them.
     async fn missing_images(&mut self, images: &[String]) -> Result<BTreeSet<String>, EngineError> {
         let mut missing = BTreeSet::new();
-        self.wanted.clear();
+        self.mem.images.new_round();
         for image in images {
             match self.engine.image(image).await? {
-                Some(info) => {
-                    self.pin(image, &info);
-                    self.wanted.insert(info.id);
-                }
+                Some(info) => self.mem.images.found(image, &info.id, info.pinned(image)),
                 None => {
                     missing.insert(image.clone());
                 }
             }
         }
         Ok(missing)
-    }
-
-    fn pin(&mut self, image: &str, info: &crate::engine::ImageInfo) {
-        match info.pinned(image) {
-            Some(pinned) => self.pinned.insert(image.to_owned(), pinned),
-            None => self.pinned.remove(image),
-        };
     }
 
     /// Starts pulling `image` in the background, unless that is under way: the replica
@@ -614,8 +594,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 .unwrap_or_else(|e| Err(EngineError::Other(format!("the pull of {image}: {e}"))));
             match result {
                 Ok(info) => {
-                    self.pin(&image, &info);
-                    self.pulled.insert(info.id);
+                    self.mem
+                        .images
+                        .pulled(&image, &info.id, info.pinned(&image));
                     self.shared
                         .record_phase(SequenceKind::Drain, "pull_image", began);
                 }
@@ -660,21 +641,30 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             Ok(found) => found.map(|i| i.id),
             Err(_) => return,
         };
-        let mut old = match self.engine.images().await {
+        let images = match self.engine.images().await {
             Ok(images) => images,
             Err(e) => {
                 tracing::warn!(node = %self.node(), error = %e, "cannot list images");
                 return;
             }
         };
-        old.retain(|i| {
-            self.pulled.contains(&i.id)
-                && !i.in_use
-                && !self.wanted.contains(&i.id)
-                && replica.as_ref() != Some(&i.id)
-        });
-        old.sort_by_key(|i| i.created);
-        for image in old {
+        let host: Vec<HostImage<'_>> = images
+            .iter()
+            .map(|i| HostImage {
+                id: &i.id,
+                created: i.created,
+                in_use: i.in_use,
+            })
+            .collect();
+        let removable: Vec<String> =
+            nightshift_planner::images::removable(&host, &self.mem, replica.as_deref())
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+        for id in removable {
+            let Some(image) = images.iter().find(|i| i.id == id) else {
+                continue;
+            };
             let Some(left) = free(&*self.host).filter(|f| *f < floor) else {
                 break;
             };
@@ -685,7 +675,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         free_bytes = left, floor_bytes = floor,
                         "removed an unused job image: the engine's disk is low"
                     );
-                    self.pulled.remove(&image.id);
+                    self.mem.images.removed(&image.id);
                 }
                 Err(e) => {
                     tracing::warn!(node = %self.node(), image.id = %image.id, error = %e, "removing an unused job image failed")
@@ -945,8 +935,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             );
             // The image as pinned when it was found or pulled: a tag moved since cannot
             // change what this attempt runs.
-            if let Some(pinned) = self.pinned.get(&lease.job.image) {
-                spec.image = pinned.clone();
+            if let Some(pinned) = self.mem.images.pinned(&lease.job.image) {
+                spec.image = pinned.to_owned();
             }
             self.mem.fence(lease);
             match self.engine.run(&spec).await {

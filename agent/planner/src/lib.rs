@@ -18,6 +18,7 @@ mod config;
 mod container;
 mod drain;
 pub mod failsafe;
+pub mod images;
 mod layout;
 pub mod lifecycle;
 mod plan;

@@ -180,6 +180,8 @@ pub struct Memory {
     pub running_jobs: HashSet<String>,
     /// While the engine does not answer: the job containers that ran when it went away.
     pub engine_away: Option<HashSet<String>>,
+    /// The job images: pinned, pulled by this agent, wanted this round.
+    pub images: crate::images::Images,
 }
 
 impl Default for Memory {
@@ -195,6 +197,7 @@ impl Default for Memory {
             unremovable: HashSet::new(),
             running_jobs: HashSet::new(),
             engine_away: None,
+            images: Default::default(),
         }
     }
 }
