@@ -17,16 +17,21 @@ use nightshift_tests::{containers, workspace_bin};
 const STANDINS: [&str; 2] = ["vllm-standin", "toy-trainer"];
 
 /// Runs its arguments with every busybox of this machine (`/bin/busybox`, and any on `PATH`)
-/// covered by an empty, non-executable file; run inside `unshare --mount`, so the mounts are
-/// this process tree's alone. Exits 97 if a busybox can still be found.
+/// covered by the empty, non-executable file `$EMPTY`; run inside `unshare --mount`, so the
+/// mounts are this process tree's alone. Exits 97 if a busybox can still be found. (`$EMPTY`
+/// is the test's to remove once the namespace is gone: a kernel may refuse to unlink the
+/// source of a bind mount while the mount lives.)
 const HIDE_BUSYBOX: &str = r#"set -eu
-empty="$(mktemp)"
 for f in /bin/busybox /usr/bin/busybox $(type -ap busybox || true); do
-    if [ -e "$f" ]; then mount --bind "$empty" "$f"; fi
+    if [ -e "$f" ]; then mount --bind "$EMPTY" "$f"; fi
 done
-rm -f "$empty"
-if [ -x /bin/busybox ] || command -v busybox >/dev/null; then
-    echo "busybox is still visible" >&2
+# `command -v` would name a file that is there but not executable: look for what can run.
+visible=""
+IFS=:
+for d in /bin $PATH; do if [ -x "$d/busybox" ]; then visible="$d/busybox"; fi; done
+unset IFS
+if [ -n "$visible" ]; then
+    echo "busybox is still visible: $visible" >&2
     exit 97
 fi
 exec "$@"
@@ -69,11 +74,13 @@ fn the_demo_runs_the_whole_harvest_loop_without_losing_a_request() {
     {
         unshare.arg("--map-root-user");
     }
+    let empty = tempfile::NamedTempFile::new().expect("an empty file");
     let child = unshare
         .args(["--", "bash", "-c", HIDE_BUSYBOX, "hide-busybox"])
         .arg(workspace_bin("nightshift"))
         .args(["demo", "--output", "json"])
         .env("NIGHTSHIFT_STANDIN_TAG", &tag)
+        .env("EMPTY", empty.path())
         .env_remove("BUSYBOX")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
