@@ -100,8 +100,6 @@ pub struct Reconciler<E, G, S> {
     >,
     /// Leases whose checkpoint was restored, and whether their container started since.
     restored: HashMap<u64, (LeaseGrant, Restored, bool)>,
-    /// The exited job containers whose checkpoint upload was started.
-    uploading: HashSet<String>,
 }
 
 /// Tries of a checkpoint upload, 2, 4, 8 and 16 s apart (each request is also tried
@@ -142,7 +140,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             bucket: None,
             restores: HashMap::new(),
             restored: HashMap::new(),
-            uploading: HashSet::new(),
         }
     }
 
@@ -827,23 +824,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         if self.bucket.is_none() {
             return;
         }
-        self.uploading
-            .retain(|id| containers.iter().any(|c| &c.id == id));
-        for c in jobs(containers) {
-            if !matches!(c.state, ContainerState::Exited { .. }) || self.uploading.contains(&c.id) {
-                continue;
-            }
-            let (Some(job), Some(epoch)) =
-                (label_u64(c, labels::JOB_ID), label_u64(c, labels::EPOCH))
-            else {
-                continue;
-            };
-            self.uploading.insert(c.id.clone());
-            // Stopped by the agent (a reclaim or a preemption): the upload is a phase of that
-            // sequence; a job that ended on its own is simply uploaded.
-            let stopped = self.mem.stopped.contains(&c.id);
-            let rank = label_u64(c, labels::RANK).map(|r| r as u32);
-            self.upload(job, rank, epoch, stopped.then_some(Instant::now()));
+        for due in self.mem.uploads_due(containers) {
+            self.upload(
+                due.job,
+                due.rank,
+                due.epoch,
+                due.reclaim.then_some(Instant::now()),
+            );
         }
     }
 

@@ -33,6 +33,6 @@ pub use layout::{CheckpointLayout, gang_rank};
 pub use lifecycle::{IllegalMove, ReplicaEvent};
 pub use plan::{
     Health, Memory, Note, Observation, Phase, ReplicaProbe, Stale, StartFailure, Step, StopJob,
-    Stuck, honoured, plan, unstarted,
+    Stuck, Upload, honoured, plan, unstarted,
 };
 pub use time::Moment;

@@ -182,6 +182,8 @@ pub struct Memory {
     pub engine_away: Option<HashSet<String>>,
     /// The job images: pinned, pulled by this agent, wanted this round.
     pub images: crate::images::Images,
+    /// The exited job containers whose checkpoint upload was started (object storage).
+    pub uploading: HashSet<String>,
 }
 
 impl Default for Memory {
@@ -198,6 +200,7 @@ impl Default for Memory {
             running_jobs: HashSet::new(),
             engine_away: None,
             images: Default::default(),
+            uploading: HashSet::new(),
         }
     }
 }
@@ -252,6 +255,34 @@ impl Memory {
         stopped_with_engine
     }
 
+    /// The checkpoint uploads to start now (object storage): one for each job container
+    /// that has exited, once per container, whether the job ended alone or was stopped.
+    /// Containers no longer on the host are forgotten.
+    pub fn uploads_due(&mut self, containers: &[Container]) -> Vec<Upload> {
+        self.uploading
+            .retain(|id| containers.iter().any(|c| &c.id == id));
+        let mut due = Vec::new();
+        for c in jobs(containers) {
+            if !matches!(c.state, ContainerState::Exited { .. }) || self.uploading.contains(&c.id) {
+                continue;
+            }
+            let (Some(job), Some(epoch)) =
+                (label_u64(c, labels::JOB_ID), label_u64(c, labels::EPOCH))
+            else {
+                continue;
+            };
+            self.uploading.insert(c.id.clone());
+            due.push(Upload {
+                container: c.id.clone(),
+                job,
+                rank: label_u64(c, labels::RANK).and_then(|r| u32::try_from(r).ok()),
+                epoch,
+                reclaim: self.stopped.contains(&c.id),
+            });
+        }
+        due
+    }
+
     /// Fences `lease`'s GPUs at its epoch as its container is started: from then on a lease
     /// of a lower epoch on any of them is stale ([`honoured`]), whatever the coordinator
     /// lists (ARCHITECTURE.md, invariant 3).
@@ -276,6 +307,19 @@ impl Memory {
         self.start_failures
             .retain(|_, f| f.unlisted_since.is_none_or(|t| now.duration_since(t) < ttl));
     }
+}
+
+/// A checkpoint upload to start: the directory of an attempt whose container exited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    pub container: String,
+    pub job: u64,
+    /// The gang rank whose checkpoints it is (`None`: a single-node job's).
+    pub rank: Option<u32>,
+    pub epoch: u64,
+    /// The agent stopped the container (a reclaim or a preemption): the upload is a phase
+    /// of that sequence. Otherwise the job ended on its own.
+    pub reclaim: bool,
 }
 
 /// Something the executor does.

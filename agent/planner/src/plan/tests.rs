@@ -561,6 +561,55 @@ fn a_job_that_exited_while_the_engine_was_away_counts_as_stopped_by_the_host() {
 }
 
 #[test]
+fn each_exited_attempt_is_uploaded_once_as_part_of_a_reclaim_when_the_agent_stopped_it() {
+    let labelled = |id: &str, lease_id: u64, epoch: u64, rank: Option<u32>, state| {
+        let mut c = job(id, &lease(lease_id, epoch, vec![0]), state);
+        c.labels.insert(labels::JOB_ID.to_owned(), "7".to_owned());
+        if let Some(r) = rank {
+            c.labels.insert(labels::RANK.to_owned(), r.to_string());
+        }
+        c
+    };
+    let mut mem = Memory::default();
+    mem.stopped.insert("reclaimed".to_owned());
+    let host = vec![
+        labelled("running", 1, 3, None, ContainerState::Running),
+        labelled("ended", 2, 4, None, ContainerState::Exited { exit_code: 0 }),
+        labelled(
+            "reclaimed",
+            3,
+            5,
+            Some(1),
+            ContainerState::Exited { exit_code: 143 },
+        ),
+    ];
+    let due = mem.uploads_due(&host);
+    assert_eq!(
+        due,
+        [
+            Upload {
+                container: "ended".into(),
+                job: 7,
+                rank: None,
+                epoch: 4,
+                reclaim: false
+            },
+            Upload {
+                container: "reclaimed".into(),
+                job: 7,
+                rank: Some(1),
+                epoch: 5,
+                reclaim: true
+            },
+        ]
+    );
+    // Once: the next pass starts none again; a container removed is forgotten.
+    assert!(mem.uploads_due(&host).is_empty());
+    assert!(mem.uploads_due(&host[..1]).is_empty());
+    assert!(mem.uploading.is_empty());
+}
+
+#[test]
 fn start_failures_are_forgotten_a_lease_ttl_after_unlisting() {
     let t0 = t0();
     let l = lease(1, 1, vec![0]);
