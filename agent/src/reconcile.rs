@@ -98,8 +98,6 @@ pub struct Reconciler<E, G, S> {
             tokio::task::JoinHandle<Result<Restored, BucketError>>,
         ),
     >,
-    /// Leases whose checkpoint was restored, and whether their container started since.
-    restored: HashMap<u64, (LeaseGrant, Restored, bool)>,
 }
 
 /// Tries of a checkpoint upload, 2, 4, 8 and 16 s apart (each request is also tried
@@ -139,7 +137,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             host: Arc::new(SysinfoHost::new()),
             bucket: None,
             restores: HashMap::new(),
-            restored: HashMap::new(),
         }
     }
 
@@ -786,35 +783,22 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         bytes = restored.bytes, waited_s = restored.waited.as_secs_f64(),
                         "checkpoint restored from the bucket"
                     );
-                    self.restored.insert(id, (lease, restored, false));
+                    self.mem.restored(lease, restored.from_epoch);
                 }
                 Err(e) => self.fail_start(&lease, format!("restoring the checkpoint: {e}"), false),
             }
         }
-        let listed: HashSet<u64> = leases.iter().map(|l| l.lease_id).collect();
-        let gone: Vec<u64> = self
-            .restored
-            .keys()
-            .chain(self.restores.keys())
-            .filter(|id| !listed.contains(id))
-            .copied()
-            .collect();
-        for id in gone {
+        let running: Vec<u64> = self.restores.keys().copied().collect();
+        let (abort, uploads) = self.mem.forget_restores(leases, containers, running);
+        for id in abort {
             if let Some((_, task)) = self.restores.remove(&id) {
                 task.abort();
             }
-            if let Some((lease, _, started)) = self.restored.remove(&id) {
-                let has_container = jobs(containers).any(|c| lease_of(c) == Some(id));
-                if !started && !has_container {
-                    self.upload(lease.job_id, job::gang_rank(&lease), lease.epoch, None);
-                }
-            }
         }
-        nightshift_planner::unstarted(leases, containers, &self.mem)
-            .into_iter()
-            .filter(|l| !self.restored.contains_key(&l.lease_id))
-            .map(|l| l.lease_id)
-            .collect()
+        for up in uploads {
+            self.upload(up.job, up.rank, up.epoch, None);
+        }
+        nightshift_planner::unrestored(leases, containers, &self.mem)
     }
 
     /// Starts uploading the checkpoint directory of every job container that stopped
@@ -900,9 +884,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         for lease in leases {
             // This attempt's own checkpoint directory, seeded from the newest earlier one's.
             let mut dirs = self.attempt_dirs(lease);
-            match self.restored.get(&lease.lease_id) {
+            match self.mem.restored.get(&lease.lease_id) {
                 // Object storage: the directory was restored from the bucket.
-                Some((_, restored, _)) => dirs.resumed_from = restored.from_epoch,
+                Some(restored) => dirs.resumed_from = restored.from_epoch,
                 None if self.bucket.is_some() => {}
                 None => dirs.seed().map_err(|source| ReconcileError::JobDirs {
                     path: self.cfg.checkpoint_root().display().to_string(),
@@ -928,8 +912,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             self.mem.fence(lease);
             match self.engine.run(&spec).await {
                 Ok(id) => {
-                    if let Some((_, _, started)) = self.restored.get_mut(&lease.lease_id) {
-                        *started = true;
+                    if let Some(restored) = self.mem.restored.get_mut(&lease.lease_id) {
+                        restored.started = true;
                     }
                     tracing::info!(
                         node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,

@@ -32,7 +32,7 @@ pub use container::{
 pub use layout::{CheckpointLayout, gang_rank};
 pub use lifecycle::{IllegalMove, ReplicaEvent};
 pub use plan::{
-    Health, Memory, Note, Observation, Phase, ReplicaProbe, Stale, StartFailure, Step, StopJob,
-    Stuck, Upload, honoured, plan, unstarted,
+    Health, Memory, Note, Observation, Phase, ReplicaProbe, Restore, Stale, StartFailure, Step,
+    StopJob, Stuck, Upload, honoured, plan, unrestored, unstarted,
 };
 pub use time::Moment;

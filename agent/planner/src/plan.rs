@@ -184,6 +184,18 @@ pub struct Memory {
     pub images: crate::images::Images,
     /// The exited job containers whose checkpoint upload was started (object storage).
     pub uploading: HashSet<String>,
+    /// Leases whose checkpoint was restored from the object store (lease id → the restore).
+    pub restored: HashMap<u64, Restore>,
+}
+
+/// A lease's checkpoint restored from the object store into its attempt's directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Restore {
+    pub lease: LeaseGrant,
+    /// The epoch whose checkpoint fills the directory; `None`: there was none to restore.
+    pub from_epoch: Option<u64>,
+    /// Whether the attempt's container was started since.
+    pub started: bool,
 }
 
 impl Default for Memory {
@@ -201,6 +213,7 @@ impl Default for Memory {
             engine_away: None,
             images: Default::default(),
             uploading: HashSet::new(),
+            restored: HashMap::new(),
         }
     }
 }
@@ -273,7 +286,6 @@ impl Memory {
             };
             self.uploading.insert(c.id.clone());
             due.push(Upload {
-                container: c.id.clone(),
                 job,
                 rank: label_u64(c, labels::RANK).and_then(|r| u32::try_from(r).ok()),
                 epoch,
@@ -281,6 +293,58 @@ impl Memory {
             });
         }
         due
+    }
+
+    /// The checkpoint of `lease` was restored from the object store, from `from_epoch`'s.
+    pub fn restored(&mut self, lease: LeaseGrant, from_epoch: Option<u64>) {
+        self.restored.insert(
+            lease.lease_id,
+            Restore {
+                lease,
+                from_epoch,
+                started: false,
+            },
+        );
+    }
+
+    /// Forgets the restores of the leases the coordinator no longer lists (`leases` are
+    /// those it does): of those restores still under way (`running`), the ones to abort;
+    /// and, for a lease restored whose container never started, its directory's upload, so
+    /// that a later attempt of the job, here or elsewhere, finds the restored checkpoint in
+    /// the store rather than waiting for an upload that never comes.
+    pub fn forget_restores(
+        &mut self,
+        leases: &[LeaseGrant],
+        containers: &[Container],
+        running: impl IntoIterator<Item = u64>,
+    ) -> (Vec<u64>, Vec<Upload>) {
+        let listed: HashSet<u64> = leases.iter().map(|l| l.lease_id).collect();
+        let abort: Vec<u64> = running
+            .into_iter()
+            .filter(|id| !listed.contains(id))
+            .collect();
+        let gone: Vec<u64> = self
+            .restored
+            .keys()
+            .filter(|id| !listed.contains(id))
+            .copied()
+            .collect();
+        let mut uploads = Vec::new();
+        for id in gone {
+            let Some(r) = self.restored.remove(&id) else {
+                continue;
+            };
+            let has_container = jobs(containers).any(|c| lease_of(c) == Some(id));
+            if !r.started && !has_container {
+                uploads.push(Upload {
+                    job: r.lease.job_id,
+                    rank: crate::gang_rank(&r.lease),
+                    epoch: r.lease.epoch,
+                    reclaim: false,
+                });
+            }
+        }
+        (abort, uploads)
     }
 
     /// Fences `lease`'s GPUs at its epoch as its container is started: from then on a lease
@@ -309,10 +373,10 @@ impl Memory {
     }
 }
 
-/// A checkpoint upload to start: the directory of an attempt whose container exited.
+/// A checkpoint upload to start: the directory of an attempt whose container exited (or
+/// that was restored and never started).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upload {
-    pub container: String,
     pub job: u64,
     /// The gang rank whose checkpoints it is (`None`: a single-node job's).
     pub rank: Option<u32>,
@@ -611,6 +675,16 @@ pub fn unstarted<'a>(
         .iter()
         .filter(|l| !jobs(containers).any(|c| lease_of(c) == Some(l.lease_id)))
         .filter(|l| !mem.start_failures.contains_key(&l.lease_id))
+        .collect()
+}
+
+/// The leases waiting to start whose checkpoint is still to be restored from the object
+/// store (with object storage, every lease's is restored before it starts).
+pub fn unrestored(leases: &[LeaseGrant], containers: &[Container], mem: &Memory) -> BTreeSet<u64> {
+    unstarted(leases, containers, mem)
+        .into_iter()
+        .filter(|l| !mem.restored.contains_key(&l.lease_id))
+        .map(|l| l.lease_id)
         .collect()
 }
 

@@ -1,6 +1,6 @@
 //! The planner's key decisions, pure: no runtime, no fake, a time made up by the test.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use nightshift_common::{DesiredNode, JobSpec, LeaseGrant, ReplicaState, SequenceKind, labels};
@@ -588,14 +588,12 @@ fn each_exited_attempt_is_uploaded_once_as_part_of_a_reclaim_when_the_agent_stop
         due,
         [
             Upload {
-                container: "ended".into(),
                 job: 7,
                 rank: None,
                 epoch: 4,
                 reclaim: false
             },
             Upload {
-                container: "reclaimed".into(),
                 job: 7,
                 rank: Some(1),
                 epoch: 5,
@@ -607,6 +605,54 @@ fn each_exited_attempt_is_uploaded_once_as_part_of_a_reclaim_when_the_agent_stop
     assert!(mem.uploads_due(&host).is_empty());
     assert!(mem.uploads_due(&host[..1]).is_empty());
     assert!(mem.uploading.is_empty());
+}
+
+#[test]
+fn a_restore_the_coordinator_dropped_is_aborted_or_its_unstarted_directory_uploaded() {
+    let (listed, started, unstarted, running, with_container) = (
+        lease(1, 10, vec![0]),
+        lease(2, 11, vec![1]),
+        lease(3, 12, vec![2]),
+        lease(4, 13, vec![3]),
+        lease(5, 14, vec![3]),
+    );
+    let mut mem = Memory::default();
+    for l in [&listed, &started, &unstarted, &with_container] {
+        mem.restored(l.clone(), Some(l.epoch - 1));
+    }
+    mem.restored.get_mut(&2).unwrap().started = true;
+    // Only `listed` (and, not yet restored, a sixth lease) are still the coordinator's.
+    let waiting = lease(6, 15, vec![0]);
+    let host = [job(
+        "c5",
+        &with_container,
+        ContainerState::Exited { exit_code: 0 },
+    )];
+    let (abort, uploads) = mem.forget_restores(
+        &[listed.clone(), waiting.clone()],
+        &host,
+        [running.lease_id, waiting.lease_id],
+    );
+    assert_eq!(
+        abort,
+        [4],
+        "the restore under way of a lease no longer listed"
+    );
+    assert_eq!(
+        uploads,
+        [Upload {
+            job: unstarted.job_id,
+            rank: None,
+            epoch: 12,
+            reclaim: false
+        }],
+        "only the directory restored for a container that never ran is uploaded back"
+    );
+    assert_eq!(mem.restored.keys().copied().collect::<Vec<_>>(), [1]);
+    assert_eq!(
+        unrestored(&[listed, waiting], &[], &mem),
+        BTreeSet::from([6])
+    );
 }
 
 #[test]
