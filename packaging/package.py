@@ -56,16 +56,29 @@ def load(crate):
     return package
 
 
+def binary_path(source):
+    """A built binary, `target/release/NAME`: in the workspace's target directory, or NAME in
+    $NIGHTSHIFT_PACKAGE_BINARIES where that is set."""
+    binaries = os.environ.get("NIGHTSHIFT_PACKAGE_BINARIES")
+    if binaries:
+        return Path(binaries).resolve() / source.removeprefix("target/release/")
+    return ROOT / source
+
+
 def source_path(crate, source):
-    """Where an asset's file is: `target/release/...` in the workspace's target directory
-    (as cargo-deb reads it) or in $NIGHTSHIFT_PACKAGE_BINARIES, anything else relative to
-    the crate."""
+    """Where a .deb asset's file is: a built binary ([`binary_path`]) as cargo-deb reads it,
+    anything else relative to the crate."""
     if source.startswith("target/release/"):
-        binaries = os.environ.get("NIGHTSHIFT_PACKAGE_BINARIES")
-        if binaries:
-            return Path(binaries).resolve() / source.removeprefix("target/release/")
-        return ROOT / source
+        return binary_path(source)
     return (ROOT / crate / source).resolve()
+
+
+def rpm_source_path(source):
+    """Where an .rpm asset's file is: a built binary ([`binary_path`]), anything else
+    relative to the workspace, as cargo-generate-rpm reads it."""
+    if source.startswith("target/release/"):
+        return binary_path(source)
+    return ROOT / source
 
 
 def mode_of(crate, mode):
@@ -314,7 +327,7 @@ def build_rpm(crate, package, out_dir):
             unknown = set(asset) - RPM_ASSET_KEYS
             if unknown:
                 fail(crate, f"package.metadata.generate-rpm.assets: {', '.join(sorted(unknown))} not supported")
-            src = ROOT / asset["source"]  # relative to the workspace, as cargo-generate-rpm reads it
+            src = rpm_source_path(asset["source"])
             if not src.is_file():
                 fail(crate, f"asset {src} is missing (run the build first)")
             dest = asset["dest"]
