@@ -475,91 +475,14 @@ async fn failed_authentications_are_rate_limited_per_client_address() {
 /// back 15 s into a full disk.
 #[tokio::test]
 async fn a_full_store_answers_heartbeats_and_keeps_leases_alive() {
-    use nightshift_common::{
-        DesiredNode, GpuInfo, Heartbeat, JobRun, JobRunState, RegisterRequest, ReplicaState,
-        ReplicaStatus,
-    };
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let config = "heartbeat_interval_ms = 200\nlease_ttl_ms = 2000\n\n[[services]]\nname = \"chat\"\n\
         min_replicas = 0\ncooldown_s = 0.0\n[services.scale_down]\nwindow_s = 0.5\n";
     let c = Coordinator::start_configured(&data, "ulimit -f 1024; trap '' XFSZ;", config).await;
-    let http = reqwest::Client::new();
-    let post = |path: String, body: serde_json::Value| {
-        let req = http.post(format!("{}{path}", c.url)).json(&body);
-        async move {
-            let r = req.send().await.unwrap();
-            (r.status().as_u16(), r.text().await.unwrap())
-        }
-    };
-    let register = RegisterRequest {
-        node: "n1".into(),
-        gpus: (0..4)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                name: "t".into(),
-                memory_total_bytes: 1,
-            })
-            .collect(),
-        service: "chat".into(),
-        address: None,
-        readiness_url: None,
-        agent_url: None,
-        metrics_url: None,
-        agent_version: "test".into(),
-    };
-    let (status, body) = post(
-        "/v1/agents/register".into(),
-        serde_json::to_value(register).unwrap(),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let beat = |replica: ReplicaState, applied: u64, jobs: Vec<JobRun>| {
-        Heartbeat::report(ReplicaStatus::idle(replica), jobs, applied)
-    };
-    let send = |b: Heartbeat| {
-        post(
-            "/v1/agents/n1/heartbeat".into(),
-            serde_json::to_value(b).unwrap(),
-        )
-    };
-    let (status, body) = submit(&c.url, "lent-job", None).await;
-    assert_eq!(status, 201, "{body}");
+    let mut host = Host::register(&c.url, "n1").await;
     // The idle node is lent; once its replica is stopped the job is leased to it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut applied = 0;
-    let lease = loop {
-        let replica = if applied == 0 {
-            ReplicaState::Serving
-        } else {
-            ReplicaState::Stopped
-        };
-        let (status, body) = send(beat(replica, applied, vec![])).await;
-        assert_eq!(status, 200, "{body}");
-        let d: DesiredNode = serde_json::from_str(&body).unwrap();
-        if !d.serve {
-            applied = d.version;
-        }
-        if let Some(l) = d.leases.first() {
-            break l.clone();
-        }
-        assert!(Instant::now() < deadline, "no lease for the job: {body}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let run = |at: u64| JobRun {
-        job_id: lease.job_id,
-        attempt: lease.attempt,
-        lease_id: lease.lease_id,
-        epoch: lease.epoch,
-        gpus: lease.gpus.clone(),
-        state: JobRunState::Running,
-        last_checkpoint_at: Some(at),
-        outputs: Default::default(),
-        image_id: None,
-        image_digest: None,
-        ready: false,
-    };
+    let lease = lease_a_job_to(&c, &mut host).await;
     // Fill the store.
     let mut full = false;
     for i in 0..3000 {
@@ -575,12 +498,10 @@ async fn a_full_store_answers_heartbeats_and_keeps_leases_alive() {
     let mut at = 1;
     while started.elapsed() < Duration::from_secs(6) {
         at += 1;
-        let (status, body) = send(beat(ReplicaState::Stopped, applied, vec![run(at)])).await;
-        assert_eq!(status, 200, "a heartbeat while the store is full: {body}");
-        let d: DesiredNode = serde_json::from_str(&body).unwrap();
+        let d = host.report(std::slice::from_ref(&lease), Some(at)).await;
         assert!(
             d.leases.iter().any(|l| l.lease_id == lease.lease_id),
-            "the lease is gone from the answer: {body}"
+            "the lease is gone from the answer: {d:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -647,6 +568,15 @@ impl Host {
         &mut self,
         jobs: &[nightshift_common::LeaseGrant],
     ) -> nightshift_common::DesiredNode {
+        self.report(jobs, None).await
+    }
+
+    /// [`Host::beat`], each job last checkpointed at `checkpoint_at` (a change to save).
+    async fn report(
+        &mut self,
+        jobs: &[nightshift_common::LeaseGrant],
+        checkpoint_at: Option<u64>,
+    ) -> nightshift_common::DesiredNode {
         use nightshift_common::{Heartbeat, JobRun, JobRunState, ReplicaState, ReplicaStatus};
         let replica = if self.applied == 0 {
             ReplicaState::Serving
@@ -662,7 +592,7 @@ impl Host {
                 epoch: l.epoch,
                 gpus: l.gpus.clone(),
                 state: JobRunState::Running,
-                last_checkpoint_at: None,
+                last_checkpoint_at: checkpoint_at,
                 outputs: Default::default(),
                 image_id: None,
                 image_digest: None,
