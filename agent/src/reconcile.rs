@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_common::labels;
-use nightshift_common::{DesiredNode, JobRun, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
+use nightshift_common::{DesiredNode, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
 use nightshift_planner::failsafe::{self, Alarm};
 use nightshift_planner::images::HostImage;
+use nightshift_planner::runs::RunFacts;
 use nightshift_planner::{
     IllegalMove, Memory, Moment, Note, Observation, Phase, PlanConfig, ReplicaEvent, ReplicaProbe,
-    StartFailure, Step, StopJob, Stuck, gpus_of, jobs, label_u64, lease_of,
+    StartFailure, Step, StopJob, Stuck, jobs, lease_of,
 };
 use tokio::time::Instant;
 
@@ -964,85 +965,23 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     /// lease waiting to start whose image is on the host and whose checkpoint is restored
     /// (object storage) is reported ready.
     fn publish_runs(&mut self, obs: &Observation, leases: &[LeaseGrant]) {
-        let containers = &obs.containers[..];
-        let mut runs = Vec::new();
+        let mut facts = HashMap::new();
         for lease in leases {
-            let container = jobs(containers).find(|c| lease_of(c) == Some(lease.lease_id));
-            let state = match (container, self.mem.start_failures.get(&lease.lease_id)) {
-                (Some(c), _) => self.run_state(c),
-                (None, Some(f)) => f.run.state.clone(),
-                (None, None) => JobRunState::Pending,
-            };
-            let ready = state == JobRunState::Pending
-                && !obs.missing_images.contains(&lease.job.image)
-                && !obs.unrestored.contains(&lease.lease_id);
+            let container = jobs(&obs.containers).find(|c| lease_of(c) == Some(lease.lease_id));
             let outputs = container
                 .map(|c| self.outputs_of(c, lease.job_id))
                 .unwrap_or_default();
             let last_checkpoint_at = self.attempt_dirs(lease).last_checkpoint();
-            runs.push(JobRun {
-                job_id: lease.job_id,
-                attempt: lease.attempt,
-                lease_id: lease.lease_id,
-                epoch: lease.epoch,
-                gpus: lease.gpus.clone(),
-                state,
-                last_checkpoint_at,
-                outputs,
-                image_id: container.and_then(|c| c.image_id.clone()),
-                image_digest: container.and_then(pinned_image),
-                ready,
-            });
+            facts.insert(
+                lease.lease_id,
+                RunFacts {
+                    last_checkpoint_at,
+                    outputs,
+                },
+            );
         }
-        // Containers of leases no longer listed are still reported while they exist.
-        for c in jobs(containers) {
-            let Some(lease_id) = lease_of(c) else {
-                continue;
-            };
-            if leases.iter().any(|l| l.lease_id == lease_id) {
-                continue;
-            }
-            runs.push(JobRun {
-                job_id: label_u64(c, labels::JOB_ID).unwrap_or(0),
-                attempt: label_u64(c, labels::ATTEMPT).unwrap_or(0) as u32,
-                lease_id,
-                epoch: label_u64(c, labels::EPOCH).unwrap_or(0),
-                gpus: gpus_of(c),
-                state: self.run_state(c),
-                last_checkpoint_at: None,
-                outputs: BTreeMap::new(),
-                image_id: c.image_id.clone(),
-                image_digest: pinned_image(c),
-                ready: false,
-            });
-        }
-        // So are the start failures of leases taken back before the coordinator heard.
-        runs.extend(
-            self.mem
-                .start_failures
-                .values()
-                .filter(|f| f.unlisted_since.is_some())
-                .filter(|f| !runs.iter().any(|r| r.lease_id == f.run.lease_id))
-                .map(|f| f.run.clone())
-                .collect::<Vec<_>>(),
-        );
+        let runs = nightshift_planner::runs::runs(leases, obs, &self.mem, &facts);
         self.shared.update(|o| o.runs = runs);
-    }
-
-    fn run_state(&self, c: &Container) -> JobRunState {
-        match c.state {
-            ContainerState::Created => JobRunState::Pending,
-            ContainerState::Running | ContainerState::Transitioning
-                if self.mem.stopped.contains(&c.id) =>
-            {
-                JobRunState::Stopping
-            }
-            ContainerState::Running | ContainerState::Transitioning => JobRunState::Running,
-            ContainerState::Exited { exit_code } => JobRunState::Exited {
-                exit_code,
-                stopped_by_agent: self.mem.stopped.contains(&c.id),
-            },
-        }
     }
 
     /// Reads, once per exited container, the outputs its job captures (files from the
@@ -1075,12 +1014,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             .or_insert_with(|| job::read_outputs(&JobDirs::new(&self.cfg.work_dir, job_id).outputs))
             .clone()
     }
-}
-
-/// The registry digest a job container runs (`repo@sha256:...`), when it was started
-/// from one.
-fn pinned_image(c: &Container) -> Option<String> {
-    c.image.contains("@sha256:").then(|| c.image.clone())
 }
 
 #[cfg(test)]

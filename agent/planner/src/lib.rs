@@ -23,6 +23,7 @@ mod layout;
 pub mod lifecycle;
 mod plan;
 mod reclaim;
+pub mod runs;
 mod time;
 
 pub use config::{PlanConfig, ReclaimMode};

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use nightshift_common::{DesiredNode, JobSpec, LeaseGrant, ReplicaState, SequenceKind, labels};
+use nightshift_common::{
+    DesiredNode, JobRunState, JobSpec, LeaseGrant, ReplicaState, SequenceKind, labels,
+};
 
 use super::*;
 use crate::config::{PlanConfig, ReclaimMode};
@@ -653,6 +655,69 @@ fn a_restore_the_coordinator_dropped_is_aborted_or_its_unstarted_directory_uploa
         unrestored(&[listed, waiting], &[], &mem),
         BTreeSet::from([6])
     );
+}
+
+#[test]
+fn every_listed_lease_its_unlisted_containers_and_unheard_start_failures_are_reported() {
+    use crate::runs::{RunFacts, runs};
+    let (running, stopping, waiting, missing, gone) = (
+        lease(1, 1, vec![0]),
+        lease(2, 2, vec![1]),
+        lease(3, 3, vec![2]),
+        lease(4, 4, vec![3]),
+        lease(5, 5, vec![3]),
+    );
+    let mut missing = missing;
+    missing.job.image = "absent:1".into();
+    let mut mem = Memory::default();
+    mem.stopped.insert("c2".into());
+    let mut taken_back = StartFailure::new(&lease(6, 6, vec![0]), "image missing".into());
+    taken_back.unlisted_since = Some(t0());
+    mem.start_failures.insert(6, taken_back);
+    let mut obs = serving_host(0.0, 0);
+    obs.containers = vec![
+        job("c1", &running, ContainerState::Running),
+        job("c2", &stopping, ContainerState::Running),
+        job("c5", &gone, ContainerState::Exited { exit_code: 0 }),
+    ];
+    obs.containers[0].image = "r/trainer@sha256:ab".into();
+    obs.missing_images.insert("absent:1".into());
+    let facts = HashMap::from([(
+        1,
+        RunFacts {
+            last_checkpoint_at: Some(42),
+            outputs: BTreeMap::new(),
+        },
+    )]);
+    let listed = [running, stopping, waiting, missing];
+    let reported = runs(&listed, &obs, &mem, &facts);
+    let by_lease = |id: u64| reported.iter().find(|r| r.lease_id == id).unwrap();
+    assert_eq!(reported.len(), 6, "{reported:?}");
+    assert_eq!(by_lease(1).state, JobRunState::Running);
+    assert_eq!(by_lease(1).last_checkpoint_at, Some(42));
+    assert_eq!(
+        by_lease(1).image_digest.as_deref(),
+        Some("r/trainer@sha256:ab")
+    );
+    assert_eq!(by_lease(2).state, JobRunState::Stopping);
+    // Pending: ready to start once its image is there (and, in object storage, restored).
+    assert_eq!(
+        (by_lease(3).state.clone(), by_lease(3).ready),
+        (JobRunState::Pending, true)
+    );
+    assert_eq!(
+        (by_lease(4).state.clone(), by_lease(4).ready),
+        (JobRunState::Pending, false)
+    );
+    // A container of a lease no longer listed, while it exists.
+    assert_eq!(
+        by_lease(5).state,
+        JobRunState::Exited {
+            exit_code: 0,
+            stopped_by_agent: false
+        }
+    );
+    assert_eq!(by_lease(6).state, mem.start_failures[&6].run.state);
 }
 
 #[test]
