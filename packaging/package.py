@@ -56,29 +56,17 @@ def load(crate):
     return package
 
 
-def binary_path(source):
-    """A built binary, `target/release/NAME`: in the workspace's target directory, or NAME in
-    $NIGHTSHIFT_PACKAGE_BINARIES where that is set."""
-    binaries = os.environ.get("NIGHTSHIFT_PACKAGE_BINARIES")
-    if binaries:
-        return Path(binaries).resolve() / source.removeprefix("target/release/")
-    return ROOT / source
-
-
-def source_path(crate, source):
-    """Where a .deb asset's file is: a built binary ([`binary_path`]) as cargo-deb reads it,
-    anything else relative to the crate."""
+def asset_path(source, base):
+    """Where an asset's file is: a built binary, `target/release/NAME`, in the workspace's
+    target directory (or NAME in $NIGHTSHIFT_PACKAGE_BINARIES where that is set); anything
+    else relative to `base`: the crate for cargo-deb's tables, the workspace for
+    cargo-generate-rpm's, as each tool reads them."""
     if source.startswith("target/release/"):
-        return binary_path(source)
-    return (ROOT / crate / source).resolve()
-
-
-def rpm_source_path(source):
-    """Where an .rpm asset's file is: a built binary ([`binary_path`]), anything else
-    relative to the workspace, as cargo-generate-rpm reads it."""
-    if source.startswith("target/release/"):
-        return binary_path(source)
-    return ROOT / source
+        binaries = os.environ.get("NIGHTSHIFT_PACKAGE_BINARIES")
+        if binaries:
+            return Path(binaries).resolve() / source.removeprefix("target/release/")
+        return ROOT / source
+    return (base / source).resolve()
 
 
 def mode_of(crate, mode):
@@ -204,7 +192,7 @@ def build_deb(crate, package, out_dir):
             if not (isinstance(asset, list) and len(asset) == 3):
                 fail(crate, f"package.metadata.deb.assets: {asset!r} is not [source, dest, mode]")
             source, dest, mode = asset
-            src = source_path(crate, source)
+            src = asset_path(source, ROOT / crate)
             if dest.endswith("/"):
                 dest += src.name
             files.append((dest.lstrip("/"), src, mode_of(crate, mode)))
@@ -327,7 +315,7 @@ def build_rpm(crate, package, out_dir):
             unknown = set(asset) - RPM_ASSET_KEYS
             if unknown:
                 fail(crate, f"package.metadata.generate-rpm.assets: {', '.join(sorted(unknown))} not supported")
-            src = rpm_source_path(asset["source"])
+            src = asset_path(asset["source"], ROOT)
             if not src.is_file():
                 fail(crate, f"asset {src} is missing (run the build first)")
             dest = asset["dest"]

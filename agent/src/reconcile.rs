@@ -651,11 +651,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 in_use: i.in_use,
             })
             .collect();
-        let removable: Vec<String> =
-            nightshift_planner::images::removable(&host, &self.mem, replica.as_deref())
-                .into_iter()
-                .map(str::to_owned)
-                .collect();
+        let removable: Vec<String> = self
+            .mem
+            .images
+            .removable(&host, replica.as_deref())
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         for id in removable {
             let Some(image) = images.iter().find(|i| i.id == id) else {
                 continue;

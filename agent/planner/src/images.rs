@@ -6,9 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::plan::Memory;
-
-/// The images the agent tracks, part of its [`Memory`].
+/// The images the agent tracks, part of its [`crate::Memory`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Images {
     /// A job image's reference → `repo@sha256:...`, learnt when the image was found or pulled.
@@ -58,6 +56,24 @@ impl Images {
         self.pinned.get(reference).map(String::as_str)
     }
 
+    /// Of the host's `images`, those to remove while the engine's disk is short, in the
+    /// order to remove them (oldest first): the job images this agent pulled that no
+    /// container uses and no waiting lease needs; never the replica's (`replica`, its id
+    /// when it is there).
+    pub fn removable<'a>(&self, images: &[HostImage<'a>], replica: Option<&str>) -> Vec<&'a str> {
+        let mut old: Vec<&HostImage<'a>> = images
+            .iter()
+            .filter(|i| {
+                self.pulled.contains(i.id)
+                    && !i.in_use
+                    && !self.wanted.contains(i.id)
+                    && replica != Some(i.id)
+            })
+            .collect();
+        old.sort_by_key(|i| i.created);
+        old.into_iter().map(|i| i.id).collect()
+    }
+
     fn pin(&mut self, reference: &str, pinned: Option<String>) {
         match pinned {
             Some(p) => self.pinned.insert(reference.to_owned(), p),
@@ -66,30 +82,10 @@ impl Images {
     }
 }
 
-/// Of the host's `images`, those to remove while the engine's disk is short, in the order
-/// to remove them (oldest first): the job images this agent pulled that no container uses
-/// and no waiting lease needs; never the replica's (`replica`, its id when it is there).
-pub fn removable<'a>(
-    images: &[HostImage<'a>],
-    mem: &Memory,
-    replica: Option<&str>,
-) -> Vec<&'a str> {
-    let mut old: Vec<&HostImage<'a>> = images
-        .iter()
-        .filter(|i| {
-            mem.images.pulled.contains(i.id)
-                && !i.in_use
-                && !mem.images.wanted.contains(i.id)
-                && replica != Some(i.id)
-        })
-        .collect();
-    old.sort_by_key(|i| i.created);
-    old.into_iter().map(|i| i.id).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Memory;
 
     fn image(id: &str, created: i64, in_use: bool) -> HostImage<'_> {
         HostImage {
@@ -115,12 +111,15 @@ mod tests {
             image("replica", 5, false),
             image("someone-elses", 1, false),
         ];
-        assert_eq!(removable(&host, &mem, Some("replica")), ["old", "new"]);
+        assert_eq!(mem.images.removable(&host, Some("replica")), ["old", "new"]);
         // Once removed it is no longer this agent's to remove; in a new round the image
         // no lease needs any more may go.
         mem.images.removed("old");
         mem.images.new_round();
-        assert_eq!(removable(&host, &mem, Some("replica")), ["wanted", "new"]);
+        assert_eq!(
+            mem.images.removable(&host, Some("replica")),
+            ["wanted", "new"]
+        );
     }
 
     #[test]
