@@ -11,10 +11,11 @@
 use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 
+use nightshift_devcluster::cluster::{TOY_TRAINER, VLLM_STANDIN};
 use nightshift_tests::{containers, workspace_bin};
 
 /// The stand-ins the demo runs, by the names `tests/images/build.sh` builds them under.
-const STANDINS: [&str; 2] = ["vllm-standin", "toy-trainer"];
+const STANDINS: [&str; 2] = [VLLM_STANDIN, TOY_TRAINER];
 
 /// Runs its arguments with every busybox of this machine (`/bin/busybox`, and any on `PATH`)
 /// covered by the empty, non-executable file `$EMPTY`; run inside `unshare --mount`, so the
