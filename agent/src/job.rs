@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use nightshift_common::labels::{self, env};
+use nightshift_common::labels::env;
 use nightshift_common::{LeaseGrant, labels::CHECKPOINT_MOUNT, labels::OUTPUT_MOUNT};
 
 use nightshift_common::{Capture, STDOUT_OUTPUT};
@@ -347,7 +347,7 @@ pub fn container_spec(
         (env::OUTPUT_DIR.to_owned(), OUTPUT_MOUNT.to_owned()),
         (env::LEASE_ID.to_owned(), lease.lease_id.to_string()),
         (env::EPOCH.to_owned(), lease.epoch.to_string()),
-        (env::GPUS.to_owned(), gpu_list.clone()),
+        (env::GPUS.to_owned(), gpu_list),
     ]);
     if let Some(from) = dirs.resumed_from {
         env_vars.push((env::RESUMED_FROM_EPOCH.to_owned(), from.to_string()));
@@ -373,22 +373,7 @@ pub fn container_spec(
             });
         }
     }
-    let mut labels = BTreeMap::from([
-        (labels::MANAGED_BY.to_owned(), node.to_owned()),
-        (labels::ROLE.to_owned(), labels::ROLE_JOB.to_owned()),
-        (labels::JOB_ID.to_owned(), lease.job_id.to_string()),
-        (labels::ATTEMPT.to_owned(), lease.attempt.to_string()),
-        (labels::LEASE_ID.to_owned(), lease.lease_id.to_string()),
-        (labels::EPOCH.to_owned(), lease.epoch.to_string()),
-        (labels::GPUS.to_owned(), gpu_list),
-        (
-            GRACE_LABEL.to_owned(),
-            job.checkpoint.grace_period_seconds.to_string(),
-        ),
-    ]);
-    if let Some(rank) = gang_rank(lease) {
-        labels.insert(labels::RANK.to_owned(), rank.to_string());
-    }
+    let labels = nightshift_planner::job_labels(node, lease);
     ContainerSpec {
         name: container_name(node, lease),
         image: job.image.clone(),
@@ -477,6 +462,7 @@ pub fn read_outputs(dir: &Path) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nightshift_common::labels;
     use nightshift_common::{CheckpointPolicy, EnvVar, JobSpec};
 
     fn lease() -> LeaseGrant {

@@ -15,13 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_common::labels;
-use nightshift_common::{DesiredNode, JobRunState, LeaseGrant, ReplicaState, SequenceKind};
-use nightshift_planner::failsafe::{self, Alarm};
+use nightshift_common::{DesiredNode, JobRunState, LeaseGrant, SequenceKind};
+use nightshift_planner::failsafe::Alarm;
 use nightshift_planner::images::HostImage;
+use nightshift_planner::pass;
 use nightshift_planner::runs::RunFacts;
 use nightshift_planner::{
     IllegalMove, Memory, Moment, Note, Observation, Phase, PlanConfig, ReplicaEvent, ReplicaProbe,
-    StartFailure, Step, StopJob, Stuck, jobs, lease_of,
+    Step, StopJob, Stuck, jobs, lease_of,
 };
 use tokio::time::Instant;
 
@@ -177,26 +178,16 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let heard = self.shared.desired();
             acted_on = heard.as_ref().map(|d| d.version);
             let since_contact = self.shared.since_contact();
-            if let Some(d) = &heard
-                && let Some(alarm) =
-                    failsafe::track(&self.plan_cfg, d, since_contact, &mut self.mem)
-            {
+            let begun = pass::begin(&self.plan_cfg, heard.as_ref(), since_contact, &mut self.mem);
+            if let (Some(alarm), Some(d)) = (begun.alarm, &heard) {
                 self.alarm(alarm, d);
             }
             let expired: Vec<u64> = self.mem.void.keys().copied().collect();
             if self.shared.observed().expired_leases != expired {
                 self.shared.update(|o| o.expired_leases = expired);
             }
-            let desired = heard
-                .as_ref()
-                .map(|d| failsafe::effective(&self.plan_cfg, d, since_contact, &self.mem));
-
-            // A replica serving with no sequence under way is left alone: the heartbeat
-            // scrapes it already.
-            let ask = heard.is_none()
-                || self.mem.replica != ReplicaState::Serving
-                || self.mem.phase.is_some();
-            let mut obs = match self.observe(ask).await {
+            let desired = begun.desired;
+            let mut obs = match self.observe(begun.ask_replica).await {
                 Ok(obs) => obs,
                 Err(e) => {
                     if matches!(e, ReconcileError::Engine(_)) {
@@ -205,7 +196,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     return Err(e);
                 }
             };
-            for c in self.mem.engine_seen(&obs.containers) {
+            let now = self.now();
+            let seen = pass::observed(desired.as_ref(), &obs, &mut self.mem, now);
+            for c in &seen.stopped_with_engine {
                 if let ContainerState::Exited { exit_code } = c.state {
                     tracing::warn!(
                         node = %self.node(),
@@ -215,14 +208,13 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     );
                 }
             }
-            self.mem.learn_fences(&obs.containers);
-            let leases = match &desired {
-                Some(d) => self.honoured(d, round == 0),
-                None => Vec::new(),
-            };
-            if let Some(d) = &desired {
-                self.mem.track_start_failures(d, self.now());
+            for s in seen.stale.iter().filter(|_| round == 0) {
+                tracing::warn!(
+                    node = %self.node(), lease.id = s.lease_id, lease.epoch = s.epoch,
+                    gpu = s.gpu, seen = s.seen, "refusing a stale lease: a newer epoch holds this gpu"
+                );
             }
+            let leases = seen.leases;
             // The host's facts only while a job waits to start: reading them also restarts
             // the CPU-use window that heartbeats report.
             self.reap_pulls(&leases, &obs.containers).await;
@@ -346,18 +338,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         probe
     }
 
-    /// The leases to act on; stale ones are refused (and said so when `loud`).
-    fn honoured(&self, desired: &DesiredNode, loud: bool) -> Vec<LeaseGrant> {
-        let (ok, stale) = nightshift_planner::honoured(&desired.leases, &self.mem.fenced);
-        for s in stale.iter().filter(|_| loud) {
-            tracing::warn!(
-                node = %self.node(), lease.id = s.lease_id, lease.epoch = s.epoch,
-                gpu = s.gpu, seen = s.seen, "refusing a stale lease: a newer epoch holds this gpu"
-            );
-        }
-        ok
-    }
-
     fn alarm(&self, alarm: Alarm, desired: &DesiredNode) {
         match alarm {
             Alarm::Disabled { silent, leases } => tracing::error!(
@@ -456,10 +436,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
             reason = %reason, refused_by_host, "job cannot start"
         );
-        self.mem.start_failures.insert(
-            lease.lease_id,
-            StartFailure::reported(lease, reason, refused_by_host),
-        );
+        self.mem.failed_to_start(lease, reason, refused_by_host);
     }
 
     fn note(&self, note: Note) {
@@ -488,9 +465,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     /// Sends each job its checkpoint signal, waits its grace, kills it; all at once.
     async fn stop_jobs(&mut self, jobs: &[StopJob], reclaim: bool) -> Result<(), ReconcileError> {
         let started = Instant::now();
-        for j in jobs {
-            self.mem.stopped.insert(j.id.clone());
-        }
+        self.mem.stopping(jobs);
         let leases: HashSet<u64> = jobs.iter().filter_map(|j| j.lease_id).collect();
         self.shared.update(|o| {
             for r in o.runs.iter_mut().filter(|r| leases.contains(&r.lease_id)) {
@@ -949,11 +924,8 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             self.mem.unremovable.insert(c.id.clone());
             return;
         }
-        self.mem.stopped.remove(&c.id);
+        self.mem.removed(c);
         self.outputs.remove(&c.id);
-        if let Some(lease) = lease_of(c) {
-            self.mem.start_failures.remove(&lease);
-        }
     }
 
     /// The directories of the attempt under `lease`, a gang member's checkpoints among its

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use nightshift_common::labels;
+use nightshift_common::{LeaseGrant, labels};
 
 /// The label with a job's grace period: seconds between its checkpoint signal and the kill.
 pub const GRACE_LABEL: &str = "io.nightshift.grace-seconds";
@@ -63,4 +63,28 @@ pub fn gpus_of(c: &Container) -> Vec<u32> {
         .get(labels::GPUS)
         .map(|g| g.split(',').filter_map(|s| s.parse().ok()).collect())
         .unwrap_or_default()
+}
+
+/// The labels of the container that runs `lease` on `node`: what the planner reads back from
+/// it (the node that manages it, its role, job, attempt, lease, epoch, GPUs, grace period and
+/// gang rank). The agent's container spec and the host model both take them from here.
+pub fn job_labels(node: &str, lease: &LeaseGrant) -> BTreeMap<String, String> {
+    let gpus: Vec<String> = lease.gpus.iter().map(u32::to_string).collect();
+    let mut labels = BTreeMap::from([
+        (labels::MANAGED_BY.to_owned(), node.to_owned()),
+        (labels::ROLE.to_owned(), labels::ROLE_JOB.to_owned()),
+        (labels::JOB_ID.to_owned(), lease.job_id.to_string()),
+        (labels::ATTEMPT.to_owned(), lease.attempt.to_string()),
+        (labels::LEASE_ID.to_owned(), lease.lease_id.to_string()),
+        (labels::EPOCH.to_owned(), lease.epoch.to_string()),
+        (labels::GPUS.to_owned(), gpus.join(",")),
+        (
+            GRACE_LABEL.to_owned(),
+            lease.job.checkpoint.grace_period_seconds.to_string(),
+        ),
+    ]);
+    if let Some(rank) = crate::gang_rank(lease) {
+        labels.insert(labels::RANK.to_owned(), rank.to_string());
+    }
+    labels
 }

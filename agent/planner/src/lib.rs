@@ -21,6 +21,7 @@ pub mod failsafe;
 pub mod images;
 mod layout;
 pub mod lifecycle;
+pub mod pass;
 mod plan;
 mod reclaim;
 pub mod runs;
@@ -28,7 +29,7 @@ mod time;
 
 pub use config::{PlanConfig, ReclaimMode};
 pub use container::{
-    Container, ContainerState, GRACE_LABEL, gpus_of, jobs, label_u64, lease_of, replica,
+    Container, ContainerState, GRACE_LABEL, gpus_of, job_labels, jobs, label_u64, lease_of, replica,
 };
 pub use layout::{CheckpointLayout, gang_rank};
 pub use lifecycle::{IllegalMove, ReplicaEvent};

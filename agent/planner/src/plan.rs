@@ -357,6 +357,29 @@ impl Memory {
         }
     }
 
+    /// `lease`'s job cannot start, for `reason`: its attempt is reported failed (or,
+    /// `refused_by_host`, refused) until the coordinator has heard.
+    pub fn failed_to_start(&mut self, lease: &LeaseGrant, reason: String, refused_by_host: bool) {
+        self.start_failures.insert(
+            lease.lease_id,
+            StartFailure::reported(lease, reason, refused_by_host),
+        );
+    }
+
+    /// These job containers are being stopped by the agent (a reclaim, a cancel, the
+    /// fail-safe): their exit is reported as stopped by the agent, not as the job's verdict.
+    pub fn stopping(&mut self, jobs: &[StopJob]) {
+        self.stopped.extend(jobs.iter().map(|j| j.id.clone()));
+    }
+
+    /// The finished container `c` was removed: nothing of it is remembered any longer.
+    pub fn removed(&mut self, c: &Container) {
+        self.stopped.remove(&c.id);
+        if let Some(lease) = lease_of(c) {
+            self.start_failures.remove(&lease);
+        }
+    }
+
     /// Notes which start failures' leases the coordinator no longer lists, and forgets those
     /// unlisted for a lease TTL.
     pub fn track_start_failures(&mut self, desired: &DesiredNode, now: Moment) {

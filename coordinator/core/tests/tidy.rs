@@ -51,6 +51,7 @@ const PURE_CRATES: &[&str] = &[
     "coordinator/pipeline",
     "coordinator/policy",
     "agent/planner",
+    "agent/hostmodel",
 ];
 
 /// Workspace crates outside [`PURE_CRATES`] that a pure crate may depend on, and why.

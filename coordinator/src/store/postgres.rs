@@ -490,8 +490,11 @@ impl PgStore {
         *self.conn.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// Runs `f` with the live connection, connecting first when there is none; a connection
-    /// found closed afterwards is dropped, so that the next call connects again.
+    /// Runs `f` with the live connection, connecting first when there is none. A connection
+    /// found closed afterwards, or one that failed with anything but a statement's own error,
+    /// is dropped, so that the next call connects again: a server ending the session sends
+    /// its FATAL before the client notices the socket close, and a call that saw only the
+    /// FATAL must not leave the next one a connection about to be found closed.
     fn with_conn<T>(
         &self,
         f: impl AsyncFnOnce(&mut Connection) -> Result<T, tokio_postgres::Error>,
@@ -509,7 +512,7 @@ impl PgStore {
         }
         let conn = slot.as_mut().expect("connected above");
         let result = block_on(f(conn));
-        if conn.client.is_closed() {
+        if conn.client.is_closed() || result.as_ref().is_err_and(|e| !statement_error(e)) {
             *slot = None;
         }
         result.map_err(|e| self.pg(e))
@@ -858,4 +861,12 @@ impl PgStore {
             current,
         })
     }
+}
+
+/// Whether `e` is an error of one statement (severity ERROR: a constraint, a serialization
+/// failure, a fenced write), after which the session is still good. Anything else (a FATAL
+/// or PANIC from the server, an I/O error, a closed connection, a timeout) leaves it in doubt.
+fn statement_error(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| db.parsed_severity() == Some(tokio_postgres::error::Severity::Error))
 }

@@ -1,0 +1,505 @@
+//! The host itself: its container engine, GPUs, vLLM replica and job containers, each change
+//! timed on the virtual clock. It does what the agent's ports would make a real host do
+//! (`Engine`, `Gpus`, `Serving` in `agent/src`), and reports what they would read back as
+//! the planner's [`Observation`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use nightshift_common::{LeaseGrant, labels};
+use nightshift_planner::{Container, ContainerState, Health, Moment, Observation, ReplicaProbe};
+
+/// How long the host's transitions take, and what they hold of each GPU's memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timings {
+    /// From the replica's container start to `/health` answering 200 (the model's load).
+    pub replica_start: Duration,
+    /// From the replica's SIGTERM to its exit (vLLM's shutdown).
+    pub replica_stop: Duration,
+    /// vLLM's `/sleep` call, until it answers with the memory released.
+    pub sleep: Duration,
+    /// vLLM's `/wake_up` call, until it answers.
+    pub wake: Duration,
+    /// Memory the replica holds on each GPU while its container runs awake.
+    pub replica_memory: u64,
+    /// Memory it keeps on each GPU asleep (its CUDA context).
+    pub asleep_memory: u64,
+    /// Memory a job container holds on each of its GPUs.
+    pub job_memory: u64,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            replica_start: Duration::from_secs(225),
+            replica_stop: Duration::from_secs(10),
+            sleep: Duration::from_secs(6),
+            wake: Duration::from_secs(6),
+            replica_memory: 70 << 30,
+            asleep_memory: 1 << 29,
+            job_memory: 60 << 30,
+        }
+    }
+}
+
+/// What the jobs do, which the host does not know by itself: when a job's container would
+/// finish its work, how long its checkpoint takes once signalled, and who keeps the books
+/// when it exits.
+pub trait Workload {
+    /// When the job's container started at `started` ends its work on its own; `None`:
+    /// not before it is stopped.
+    fn ends_at(&self, job: u64, started: Moment) -> Option<Moment>;
+    /// How long the job takes, once signalled, to save its checkpoint and exit.
+    fn save(&self, job: u64) -> Duration;
+    /// A job container exited.
+    fn exited(&mut self, exit: &Exit);
+}
+
+/// A job container's exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    pub job: u64,
+    pub lease: u64,
+    pub epoch: u64,
+    pub gpus: Vec<u32>,
+    pub started: Moment,
+    /// When the agent sent its checkpoint signal, if it did.
+    pub signalled: Option<Moment>,
+    pub at: Moment,
+    pub exit_code: i64,
+}
+
+/// The replica's container, and its vLLM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vllm {
+    /// Loading the model: `/health` refuses until then.
+    Loading {
+        healthy_at: Moment,
+    },
+    /// Healthy and awake.
+    Up,
+    /// Told to sleep: it answers then, its memory released.
+    FallingAsleep {
+        at: Moment,
+    },
+    Asleep,
+    /// Told to wake: it answers then, awake.
+    Waking {
+        at: Moment,
+    },
+    /// Signalled: its container exits then.
+    Stopping {
+        exits_at: Moment,
+    },
+    Exited,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Replica {
+    id: String,
+    vllm: Vllm,
+}
+
+/// A job container's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Running,
+    /// Signalled at `at`: it exits at `exits_at` with `code` (143 once its checkpoint is
+    /// saved, 137 when its grace ran out first and it was killed).
+    Signalled {
+        at: Moment,
+        exits_at: Moment,
+        code: i64,
+    },
+    Exited,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Job {
+    container: Container,
+    lease: LeaseGrant,
+    started: Moment,
+    /// When its work is done, as the workload last said.
+    ends_at: Option<Moment>,
+    run: Run,
+}
+
+impl Job {
+    fn live(&self) -> bool {
+        self.run != Run::Exited
+    }
+}
+
+/// One GPU host in virtual time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Host {
+    pub name: String,
+    gpus: u32,
+    pub timings: Timings,
+    replica: Option<Replica>,
+    jobs: Vec<Job>,
+    /// Containers created so far.
+    created: u64,
+    /// vLLM has requests in flight until then (the traffic the caller sends it).
+    busy_until: Moment,
+}
+
+/// The replica container's URL: the model binds no port, so any fixed string serves.
+const REPLICA_URL: &str = "http://replica.model";
+
+impl Host {
+    /// A host with nothing running.
+    pub fn new(name: &str, gpus: u32, timings: Timings) -> Self {
+        Self {
+            name: name.to_owned(),
+            gpus,
+            timings,
+            replica: None,
+            jobs: Vec::new(),
+            created: 0,
+            busy_until: Moment::ZERO,
+        }
+    }
+
+    /// A host whose replica serves already (started long before `now`): the fleet at the
+    /// start of a simulation.
+    pub fn serving(name: &str, gpus: u32, timings: Timings) -> Self {
+        let mut host = Self::new(name, gpus, timings);
+        let id = host.new_id("replica");
+        host.replica = Some(Replica { id, vllm: Vllm::Up });
+        host
+    }
+
+    /// The host's GPUs by index.
+    pub fn gpu_indices(&self) -> Vec<u32> {
+        (0..self.gpus).collect()
+    }
+
+    /// The replica has requests in flight until `until` (its share of the traffic, and how
+    /// long the last of them takes).
+    pub fn load(&mut self, until: Moment) {
+        self.busy_until = until;
+    }
+
+    fn new_id(&mut self, what: &str) -> String {
+        self.created += 1;
+        format!("{}-{what}-{}", self.name, self.created)
+    }
+
+    /// The earliest moment after which one of the host's own timers has turned (a container
+    /// exits, the replica turns healthy, falls asleep or wakes): before it, nothing the agent
+    /// observes changes by itself. `None`: no timer is set.
+    pub fn next_event(&self) -> Option<Moment> {
+        let replica = self.replica.as_ref().and_then(|r| match r.vllm {
+            Vllm::Loading { healthy_at } => Some(healthy_at),
+            Vllm::FallingAsleep { at } | Vllm::Waking { at } => Some(at),
+            Vllm::Stopping { exits_at } => Some(exits_at),
+            Vllm::Up | Vllm::Asleep | Vllm::Exited => None,
+        });
+        let jobs = self.jobs.iter().filter_map(|j| match j.run {
+            Run::Running => j.ends_at,
+            Run::Signalled { exits_at, .. } => Some(exits_at),
+            Run::Exited => None,
+        });
+        replica.into_iter().chain(jobs).min()
+    }
+
+    /// Turns every timer due by `now`; true when anything changed. Job exits are told to
+    /// the workload, in the order they happened.
+    pub fn advance(&mut self, now: Moment, workload: &mut dyn Workload) -> bool {
+        let mut changed = false;
+        if let Some(r) = &mut self.replica {
+            let next = match r.vllm {
+                Vllm::Loading { healthy_at: t } | Vllm::Waking { at: t } if t <= now => {
+                    Some(Vllm::Up)
+                }
+                Vllm::FallingAsleep { at } if at <= now => Some(Vllm::Asleep),
+                Vllm::Stopping { exits_at } if exits_at <= now => Some(Vllm::Exited),
+                _ => None,
+            };
+            if let Some(v) = next {
+                r.vllm = v;
+                changed = true;
+            }
+        }
+        let mut exits = Vec::new();
+        for j in &mut self.jobs {
+            let exit = match j.run {
+                Run::Running => j.ends_at.filter(|t| *t <= now).map(|t| (t, None, 0)),
+                Run::Signalled { at, exits_at, code } if exits_at <= now => {
+                    Some((exits_at, Some(at), code))
+                }
+                _ => None,
+            };
+            if let Some((at, signalled, code)) = exit {
+                j.run = Run::Exited;
+                j.container.state = ContainerState::Exited { exit_code: code };
+                exits.push(Exit {
+                    job: j.lease.job_id,
+                    lease: j.lease.lease_id,
+                    epoch: j.lease.epoch,
+                    gpus: j.lease.gpus.clone(),
+                    started: j.started,
+                    signalled,
+                    at,
+                    exit_code: code,
+                });
+            }
+        }
+        exits.sort_by_key(|e| (e.at, e.lease));
+        for e in &exits {
+            workload.exited(e);
+        }
+        changed || !exits.is_empty()
+    }
+
+    /// Asks the workload again when each running job ends (another run of the job elsewhere
+    /// may have saved progress since).
+    pub fn refresh(&mut self, workload: &dyn Workload) {
+        for j in self.jobs.iter_mut().filter(|j| j.run == Run::Running) {
+            j.ends_at = workload.ends_at(j.lease.job_id, j.started);
+        }
+    }
+
+    /// What the agent's ports read from the host at `now`; the replica's vLLM is asked only
+    /// when `ask` (as the executor's `observe`).
+    pub fn observe(&self, now: Moment, ask: bool) -> Observation {
+        let mut containers = Vec::with_capacity(self.jobs.len() + 1);
+        let mut replica = None;
+        if let Some(r) = &self.replica {
+            let running = r.vllm != Vllm::Exited;
+            containers.push(Container {
+                id: r.id.clone(),
+                name: r.id.clone(),
+                image: "vllm".into(),
+                image_id: None,
+                labels: BTreeMap::from([
+                    (labels::MANAGED_BY.to_owned(), self.name.clone()),
+                    (labels::ROLE.to_owned(), labels::ROLE_REPLICA.to_owned()),
+                ]),
+                state: if running {
+                    ContainerState::Running
+                } else {
+                    ContainerState::Exited { exit_code: 0 }
+                },
+                published_port: None,
+            });
+            if running {
+                replica = Some(self.probe(r, now, ask));
+            }
+        }
+        containers.extend(self.jobs.iter().map(|j| j.container.clone()));
+        Observation {
+            containers,
+            gpus: self.gpu_indices(),
+            gpu_memory: Some(self.gpu_memory()),
+            replica,
+            checkpoint_free_bytes: Some(u64::MAX),
+            missing_images: BTreeSet::new(),
+            unrestored: BTreeSet::new(),
+        }
+    }
+
+    fn probe(&self, r: &Replica, now: Moment, ask: bool) -> ReplicaProbe {
+        let mut probe = ReplicaProbe {
+            container_id: r.id.clone(),
+            url: Some(REPLICA_URL.to_owned()),
+            health: None,
+            requests_running: None,
+            requests_waiting: None,
+            is_sleeping: None,
+            sleep_state: None,
+        };
+        if !ask {
+            return probe;
+        }
+        let (health, asleep) = match r.vllm {
+            Vllm::Loading { .. } | Vllm::Stopping { .. } => (Health::Unreachable, None),
+            Vllm::Up | Vllm::FallingAsleep { .. } => (Health::Healthy, Some(false)),
+            Vllm::Asleep | Vllm::Waking { .. } => (Health::Healthy, Some(true)),
+            Vllm::Exited => (Health::Unreachable, None),
+        };
+        probe.health = Some(health);
+        probe.is_sleeping = asleep;
+        if health == Health::Healthy {
+            let running = if now < self.busy_until { 1.0 } else { 0.0 };
+            probe.requests_running = Some(running);
+            probe.requests_waiting = Some(0.0);
+        }
+        probe
+    }
+
+    /// Memory in use on each GPU.
+    pub fn gpu_memory(&self) -> BTreeMap<u32, u64> {
+        let t = &self.timings;
+        let replica = self.replica.as_ref().map_or(0, |r| match r.vllm {
+            Vllm::Exited => 0,
+            Vllm::Asleep => t.asleep_memory,
+            _ => t.replica_memory,
+        });
+        (0..self.gpus)
+            .map(|g| {
+                let jobs = self
+                    .jobs
+                    .iter()
+                    .filter(|j| j.live() && j.lease.gpus.contains(&g))
+                    .count() as u64;
+                (g, replica + jobs * t.job_memory)
+            })
+            .collect()
+    }
+
+    /// The replica's container runs and its vLLM is awake (loading, serving, or on its way
+    /// to sleep or out): it counts towards the serving floor.
+    pub fn replica_up(&self) -> bool {
+        self.replica.as_ref().is_some_and(|r| {
+            matches!(
+                r.vllm,
+                Vllm::Loading { .. } | Vllm::Up | Vllm::FallingAsleep { .. }
+            )
+        })
+    }
+
+    /// A job container runs (or is saving on its signal): the host is lent.
+    pub fn lent(&self) -> bool {
+        self.jobs.iter().any(Job::live)
+    }
+
+    /// Sends the container `id` its stop signal, the kill following after `grace`; returns
+    /// when it will have exited (the engine's stop returns then).
+    pub fn stop(
+        &mut self,
+        id: &str,
+        grace: Duration,
+        now: Moment,
+        workload: &dyn Workload,
+    ) -> Moment {
+        if let Some(r) = self.replica.as_mut().filter(|r| r.id == id) {
+            return match r.vllm {
+                Vllm::Exited => now,
+                Vllm::Stopping { exits_at } => exits_at,
+                _ => {
+                    let exits_at = now + self.timings.replica_stop.min(grace);
+                    r.vllm = Vllm::Stopping { exits_at };
+                    exits_at
+                }
+            };
+        }
+        let Some(j) = self.jobs.iter_mut().find(|j| j.container.id == id) else {
+            return now;
+        };
+        match j.run {
+            Run::Exited => now,
+            Run::Signalled { exits_at, .. } => exits_at,
+            Run::Running => {
+                let save = workload.save(j.lease.job_id);
+                let (took, code) = if save <= grace {
+                    (save, 143)
+                } else {
+                    (grace, 137)
+                };
+                let exits_at = now + took;
+                j.run = Run::Signalled {
+                    at: now,
+                    exits_at,
+                    code,
+                };
+                exits_at
+            }
+        }
+    }
+
+    /// Starts the replica's container (replacing an exited one); returns its id.
+    pub fn start_replica(&mut self, now: Moment) -> String {
+        let id = self.new_id("replica");
+        self.replica = Some(Replica {
+            id: id.clone(),
+            vllm: Vllm::Loading {
+                healthy_at: now + self.timings.replica_start,
+            },
+        });
+        id
+    }
+
+    /// Starts `lease`'s job container, labelled as the agent labels it.
+    pub fn start_job(&mut self, lease: &LeaseGrant, now: Moment, workload: &dyn Workload) {
+        let id = self.new_id("job");
+        self.jobs.push(Job {
+            container: Container {
+                id: id.clone(),
+                name: id,
+                image: lease.job.image.clone(),
+                image_id: None,
+                labels: nightshift_planner::job_labels(&self.name, lease),
+                state: ContainerState::Running,
+                published_port: None,
+            },
+            lease: lease.clone(),
+            started: now,
+            ends_at: workload.ends_at(lease.job_id, now),
+            run: Run::Running,
+        });
+    }
+
+    /// Removes the container `id`.
+    pub fn remove(&mut self, id: &str) {
+        self.jobs.retain(|j| j.container.id != id);
+        if self.replica.as_ref().is_some_and(|r| r.id == id) {
+            self.replica = None;
+        }
+    }
+
+    /// vLLM's `/sleep`: returns when it answers; `None` when no replica is awake.
+    pub fn sleep(&mut self, now: Moment) -> Option<Moment> {
+        let r = self.replica.as_mut().filter(|r| r.vllm == Vllm::Up)?;
+        let at = now + self.timings.sleep;
+        r.vllm = Vllm::FallingAsleep { at };
+        Some(at)
+    }
+
+    /// vLLM's `/wake_up`: returns when it answers; `None` when no replica is asleep.
+    pub fn wake(&mut self, now: Moment) -> Option<Moment> {
+        let r = self.replica.as_mut().filter(|r| r.vllm == Vllm::Asleep)?;
+        let at = now + self.timings.wake;
+        r.vllm = Vllm::Waking { at };
+        Some(at)
+    }
+
+    /// One owner per GPU: the replica (awake) or a single live job container, never two;
+    /// an asleep replica keeps only its context and may share. `Err` names the GPU and the
+    /// owners.
+    pub fn check_owners(&self) -> Result<(), String> {
+        let replica_holds = self
+            .replica
+            .as_ref()
+            .is_some_and(|r| !matches!(r.vllm, Vllm::Asleep | Vllm::Exited));
+        for g in 0..self.gpus {
+            let mut owners: Vec<String> = self
+                .jobs
+                .iter()
+                .filter(|j| j.live() && j.lease.gpus.contains(&g))
+                .map(|j| format!("lease {} (epoch {})", j.lease.lease_id, j.lease.epoch))
+                .collect();
+            if replica_holds {
+                owners.insert(0, "the replica".to_owned());
+            }
+            if owners.len() > 1 {
+                return Err(format!(
+                    "node {} gpu {g}: held by {}",
+                    self.name,
+                    owners.join(" and ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The live job containers' runs, for the caller's books at the end of a simulation:
+    /// (job, GPUs, started).
+    pub fn live_runs(&self) -> impl Iterator<Item = (u64, &[u32], Moment)> {
+        self.jobs
+            .iter()
+            .filter(|j| j.live())
+            .map(|j| (j.lease.job_id, &j.lease.gpus[..], j.started))
+    }
+}

@@ -1,0 +1,220 @@
+//! The agent's sequences on the host model, driven by the real planner: the drain before a
+//! job starts, the reclaim after, the sleep mode, the fail-safe and the fence.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use nightshift_common::{
+    DesiredNode, JobRunState, JobSpec, LeaseGrant, ReplicaState, SequenceKind, ServingSignals,
+};
+use nightshift_hostmodel::{Agent, Exit, Host, Timings, Workload};
+use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
+
+/// Jobs that run for a set time, save in a set time, and whose exits are kept.
+#[derive(Default)]
+struct Jobs {
+    work: HashMap<u64, Duration>,
+    save: Duration,
+    exits: Vec<Exit>,
+}
+
+impl Workload for Jobs {
+    fn ends_at(&self, job: u64, started: Moment) -> Option<Moment> {
+        self.work.get(&job).map(|w| started + *w)
+    }
+    fn save(&self, _job: u64) -> Duration {
+        self.save
+    }
+    fn exited(&mut self, exit: &Exit) {
+        self.exits.push(exit.clone());
+    }
+}
+
+fn lease(id: u64, epoch: u64, gpus: &[u32]) -> LeaseGrant {
+    LeaseGrant {
+        lease_id: id,
+        epoch,
+        job_id: id,
+        attempt: 1,
+        gpus: gpus.to_vec(),
+        job: JobSpec::new("train", "trainer:1", gpus.len() as u32),
+        rendezvous: None,
+    }
+}
+
+fn desired(version: u64, leases: Vec<LeaseGrant>) -> DesiredNode {
+    DesiredNode {
+        version,
+        serve: leases.is_empty(),
+        leases,
+        lease_ttl_ms: 10_000,
+    }
+}
+
+fn secs(s: u64) -> Moment {
+    Moment::ZERO + Duration::from_secs(s)
+}
+
+/// A host that serves, its agent, its jobs, on a one-second clock; the coordinator
+/// acknowledges a heartbeat every second while `connected`.
+struct Rig {
+    host: Host,
+    agent: Agent,
+    jobs: Jobs,
+    t: u64,
+    connected: bool,
+}
+
+impl Rig {
+    fn new(cfg: PlanConfig) -> Self {
+        let mut rig = Self {
+            host: Host::serving("node-a", 4, Timings::default()),
+            agent: Agent::new(cfg, 1, 1_000_000),
+            jobs: Jobs {
+                save: Duration::from_secs(20),
+                ..Jobs::default()
+            },
+            t: 0,
+            connected: true,
+        };
+        rig.agent.receive(desired(1, vec![]));
+        rig.run(2);
+        assert!(rig.agent.ready(), "the adopted replica serves");
+        rig
+    }
+
+    /// `s` seconds, checking one owner per GPU after each.
+    fn run(&mut self, s: u64) {
+        for _ in 0..s {
+            self.t += 1;
+            let now = secs(self.t);
+            // Requests keep arriving while the replica is ready; the last takes 8 s.
+            if self.agent.ready() {
+                self.host.load(now + Duration::from_secs(8));
+            }
+            self.agent.tick(now, &mut self.host, &mut self.jobs);
+            if self.connected {
+                self.agent.contact(now);
+            }
+            self.host.check_owners().unwrap();
+        }
+    }
+
+    /// Runs until `cond` holds; the seconds it took.
+    fn until(&mut self, limit: u64, what: &str, cond: impl Fn(&Self) -> bool) -> u64 {
+        let from = self.t;
+        while !cond(self) {
+            assert!(self.t - from < limit, "{what}: not within {limit} s");
+            self.run(1);
+        }
+        self.t - from
+    }
+
+    fn runs(&self) -> Vec<(u64, JobRunState)> {
+        self.agent
+            .heartbeat(&self.host, &ServingSignals::default())
+            .jobs
+            .into_iter()
+            .map(|r| (r.lease_id, r.state))
+            .collect()
+    }
+}
+
+#[test]
+fn a_lent_host_drains_before_the_job_and_serves_again_after_the_reclaim() {
+    let mut rig = Rig::new(PlanConfig::default());
+    rig.agent
+        .receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
+    // The readiness grace (5 s) runs inside the last request's 8 s; then the replica's
+    // 10 s stop, and the job starts in the tick that sees its GPUs free.
+    let took = rig.until(60, "the job starts", |r| r.host.lent());
+    assert_eq!(took, 19, "drain took {took} s");
+    assert!(!rig.agent.ready());
+    assert_eq!(rig.agent.mem.replica, ReplicaState::Stopped);
+    assert_eq!(rig.runs(), vec![(1, JobRunState::Running)]);
+
+    rig.run(100);
+    rig.agent.receive(desired(3, vec![]));
+    // The checkpoint signal, a 20 s save, then the cold start (225 s).
+    let took = rig.until(300, "the replica serves", |r| r.agent.ready());
+    assert!((245..=260).contains(&took), "reclaim took {took} s");
+    let exit = &rig.jobs.exits[0];
+    assert_eq!((exit.lease, exit.exit_code), (1, 143));
+    assert_eq!(
+        exit.at.duration_since(exit.signalled.unwrap()),
+        Duration::from_secs(20)
+    );
+    let beat = rig.agent.heartbeat(&rig.host, &ServingSignals::default());
+    let reclaim: Vec<(&str, u64)> = beat
+        .phases
+        .iter()
+        .filter(|p| p.sequence == SequenceKind::Reclaim)
+        .map(|p| (p.phase.as_str(), p.duration_ms / 1_000))
+        .collect();
+    assert_eq!(
+        reclaim,
+        vec![
+            ("stop_jobs", 20),
+            ("confirm_free", 0),
+            ("start_replica", 0),
+            ("wait_health", 225)
+        ],
+        "{reclaim:?}"
+    );
+    // Its exit was reported while listed; the lease gone, the container is removed.
+    rig.run(3);
+    assert!(rig.runs().is_empty());
+    assert_eq!(beat.applied_version, 3);
+}
+
+#[test]
+fn in_sleep_mode_the_replica_sleeps_through_the_job_and_wakes_after() {
+    let cfg = PlanConfig {
+        reclaim: ReclaimMode::Sleep,
+        ..PlanConfig::default()
+    };
+    let mut rig = Rig::new(cfg);
+    rig.agent.receive(desired(2, vec![lease(1, 1, &[0, 1])]));
+    rig.until(60, "the job starts", |r| r.host.lent());
+    assert_eq!(rig.agent.mem.replica, ReplicaState::Sleeping);
+    assert!(!rig.host.replica_up());
+    rig.run(30);
+    rig.agent.receive(desired(3, vec![]));
+    let took = rig.until(60, "the replica serves", |r| r.agent.ready());
+    // 20 s of checkpoint, a 6 s wake.
+    assert!((26..=30).contains(&took), "wake took {took} s");
+}
+
+#[test]
+fn a_silent_coordinator_stops_the_job_after_the_ttl_and_the_host_serves() {
+    let mut rig = Rig::new(PlanConfig::default());
+    rig.agent
+        .receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
+    rig.until(60, "the job starts", |r| r.host.lent());
+    rig.connected = false;
+    let silent_at = rig.t;
+    rig.until(30, "the fail-safe signals the job", |r| {
+        r.runs().iter().any(|(_, s)| *s == JobRunState::Stopping)
+    });
+    // Counted from the last acknowledged heartbeat: past the 10 s TTL, within a tick.
+    assert_eq!(rig.t - silent_at, 11);
+    rig.until(300, "the replica serves", |r| r.agent.ready());
+    let beat = rig.agent.heartbeat(&rig.host, &ServingSignals::default());
+    assert_eq!(beat.expired_leases, vec![1]);
+    // Back in touch with the lease still listed: it stays void, the host serves on.
+    rig.connected = true;
+    rig.run(30);
+    assert!(rig.agent.ready() && !rig.host.lent());
+}
+
+#[test]
+fn a_lease_older_than_the_epoch_a_gpu_ran_is_never_started() {
+    let mut rig = Rig::new(PlanConfig::default());
+    rig.agent.receive(desired(2, vec![lease(5, 5, &[0])]));
+    rig.until(60, "the job starts", |r| r.host.lent());
+    // The coordinator (restored from an old store, say) grants GPU 0 again at epoch 3.
+    rig.agent
+        .receive(desired(3, vec![lease(5, 5, &[0]), lease(6, 3, &[0])]));
+    rig.run(30);
+    assert_eq!(rig.runs(), vec![(5, JobRunState::Running)]);
+}
