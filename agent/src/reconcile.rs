@@ -197,7 +197,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                 }
             };
             let now = self.now();
-            let seen = pass::observed(desired.as_ref(), &obs, &mut self.mem, now);
+            let seen = pass::observed(desired.as_deref(), &obs, &mut self.mem, now);
             for c in &seen.stopped_with_engine {
                 if let ContainerState::Exited { exit_code } = c.state {
                     tracing::warn!(
@@ -239,7 +239,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
 
             let steps = nightshift_planner::plan(
                 &self.plan_cfg,
-                desired.as_ref(),
+                desired.as_deref(),
                 &leases,
                 &obs,
                 &self.mem,

@@ -4,7 +4,9 @@
 //! A step that blocks the real executor (stopping containers, vLLM's `/sleep` and
 //! `/wake_up`) blocks this agent too, until the host says the call returns; the rest of
 //! that plan runs then, as the executor's `await` would. A [`Step::Wait`] is looked at again
-//! a [`POLL`] later, or as soon as a new desired state arrives. A round that plans nothing
+//! when the host changes, a new desired state arrives or the wait times out
+//! ([`pass::wait_deadline`]); a drain's wait for vLLM's queue, every [`POLL`]. (The agent
+//! polls every 200 ms; between these moments its rounds would decide the same.) A round that plans nothing
 //! leaves the agent quiet until something it reads changes: the host (a timer of its
 //! turns), the desired state, or a deadline of its memory ([`pass::next_deadline`]).
 
@@ -29,8 +31,8 @@ pub const POLL: Duration = Duration::from_secs(1);
 const MAX_ROUNDS: usize = 64;
 
 /// Phases kept for the heartbeat (the agent keeps 32; the coordinator takes each once, and
-/// a model's heartbeat follows every few of them).
-const PHASES_KEPT: usize = 8;
+/// a model's heartbeat follows every few of them: a drain or a reclaim records four).
+const PHASES_KEPT: usize = 4;
 
 /// What a call that blocks finishes with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,11 +167,11 @@ impl Agent {
             let since_contact = self.last_contact.map(|t| now.duration_since(t));
             let begun = pass::begin(&self.cfg, self.heard.as_ref(), since_contact, &mut self.mem);
             let obs = host.observe(now, begun.ask_replica);
-            let leases = pass::observed(begun.desired.as_ref(), &obs, &mut self.mem, now).leases;
+            let leases = pass::observed(begun.desired.as_deref(), &obs, &mut self.mem, now).leases;
             self.runs = runs::runs(&leases, &obs, &self.mem, &HashMap::new());
             let steps = plan(
                 &self.cfg,
-                begun.desired.as_ref(),
+                begun.desired.as_deref(),
                 &leases,
                 &obs,
                 &self.mem,
@@ -213,7 +215,14 @@ impl Agent {
         match flow {
             Flow::Next => true,
             Flow::Wait => {
-                self.due = Some(now + POLL);
+                // A wait changes its mind when what it observes changes (a host timer, a new
+                // desired state: both wake the agent) or when it times out. vLLM's queue
+                // empties on its own clock, so a drain asks it every poll.
+                let timeout = pass::wait_deadline(&self.cfg, &self.mem);
+                self.due = Some(match (self.mem.phase, timeout) {
+                    (Some((Phase::WaitInFlight, _)), _) | (_, None) => now + POLL,
+                    (_, Some(t)) => t.max(now + POLL),
+                });
                 false
             }
             Flow::Blocked => false,
@@ -391,9 +400,9 @@ impl Agent {
     pub fn heartbeat(&self, host: &Host, signals: &ServingSignals) -> Heartbeat {
         Heartbeat {
             gpus: host
-                .gpu_memory()
+                .gpu_indices()
                 .into_iter()
-                .map(|(g, used)| GpuStatus::healthy(g, used))
+                .map(|g| GpuStatus::healthy(g, host.gpu_used(g)))
                 .collect(),
             replica: ReplicaStatus {
                 state: self.mem.replica,

@@ -331,22 +331,23 @@ impl Host {
 
     /// Memory in use on each GPU.
     pub fn gpu_memory(&self) -> BTreeMap<u32, u64> {
+        (0..self.gpus).map(|g| (g, self.gpu_used(g))).collect()
+    }
+
+    /// Memory in use on GPU `g`.
+    pub fn gpu_used(&self, g: u32) -> u64 {
         let t = &self.timings;
         let replica = self.replica.as_ref().map_or(0, |r| match r.vllm {
             Vllm::Exited => 0,
             Vllm::Asleep => t.asleep_memory,
             _ => t.replica_memory,
         });
-        (0..self.gpus)
-            .map(|g| {
-                let jobs = self
-                    .jobs
-                    .iter()
-                    .filter(|j| j.live() && j.lease.gpus.contains(&g))
-                    .count() as u64;
-                (g, replica + jobs * t.job_memory)
-            })
-            .collect()
+        let jobs = self
+            .jobs
+            .iter()
+            .filter(|j| j.live() && j.lease.gpus.contains(&g))
+            .count() as u64;
+        replica + jobs * t.job_memory
     }
 
     /// The replica's container runs and its vLLM is awake (loading, serving, or on its way
@@ -358,6 +359,11 @@ impl Host {
                 Vllm::Loading { .. } | Vllm::Up | Vllm::FallingAsleep { .. }
             )
         })
+    }
+
+    /// The replica's vLLM is healthy and awake.
+    pub fn replica_serving(&self) -> bool {
+        self.replica.as_ref().is_some_and(|r| r.vllm == Vllm::Up)
     }
 
     /// A job container runs (or is saving on its signal): the host is lent.
@@ -473,23 +479,26 @@ impl Host {
             .replica
             .as_ref()
             .is_some_and(|r| !matches!(r.vllm, Vllm::Asleep | Vllm::Exited));
+        let holds = |j: &&Job, g: u32| j.live() && j.lease.gpus.contains(&g);
         for g in 0..self.gpus {
+            let jobs = self.jobs.iter().filter(|j| holds(j, g)).count();
+            if jobs + usize::from(replica_holds) <= 1 {
+                continue;
+            }
             let mut owners: Vec<String> = self
                 .jobs
                 .iter()
-                .filter(|j| j.live() && j.lease.gpus.contains(&g))
+                .filter(|j| holds(j, g))
                 .map(|j| format!("lease {} (epoch {})", j.lease.lease_id, j.lease.epoch))
                 .collect();
             if replica_holds {
                 owners.insert(0, "the replica".to_owned());
             }
-            if owners.len() > 1 {
-                return Err(format!(
-                    "node {} gpu {g}: held by {}",
-                    self.name,
-                    owners.join(" and ")
-                ));
-            }
+            return Err(format!(
+                "node {} gpu {g}: held by {}",
+                self.name,
+                owners.join(" and ")
+            ));
         }
         Ok(())
     }

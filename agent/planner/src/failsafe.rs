@@ -23,7 +23,9 @@
 
 use std::time::Duration;
 
-use nightshift_common::DesiredNode;
+use std::borrow::Cow;
+
+use nightshift_common::{DesiredNode, LeaseGrant};
 
 use crate::config::PlanConfig;
 use crate::plan::Memory;
@@ -45,27 +47,24 @@ fn silent_for(
 
 /// The desired state to act on: the coordinator's, without the void leases; with none at
 /// all while the fail-safe acts. A node whose every listed lease is void serves.
-pub fn effective(
+pub fn effective<'a>(
     cfg: &PlanConfig,
-    desired: &DesiredNode,
+    desired: &'a DesiredNode,
     since_contact: Option<Duration>,
     mem: &Memory,
-) -> DesiredNode {
+) -> Cow<'a, DesiredNode> {
     let failing_safe = cfg.failsafe && silent_for(cfg, desired, since_contact).is_some();
-    let leases: Vec<_> = desired
-        .leases
-        .iter()
-        .filter(|l| !failing_safe && !mem.void.contains_key(&l.lease_id))
-        .cloned()
-        .collect();
-    if leases.len() == desired.leases.len() {
-        return desired.clone();
+    let kept = |l: &&LeaseGrant| !failing_safe && !mem.void.contains_key(&l.lease_id);
+    if desired.leases.iter().all(|l| kept(&l)) {
+        return Cow::Borrowed(desired);
     }
-    DesiredNode {
+    let leases: Vec<LeaseGrant> = desired.leases.iter().filter(kept).cloned().collect();
+    Cow::Owned(DesiredNode {
+        version: desired.version,
         serve: desired.serve || leases.is_empty(),
         leases,
-        ..desired.clone()
-    }
+        lease_ttl_ms: desired.lease_ttl_ms,
+    })
 }
 
 /// What the fail-safe has to say, once per silence.
@@ -160,7 +159,7 @@ mod tests {
         let d = desired(&[4, 5]);
         let heard = Some(Duration::from_millis(500));
         assert_eq!(track(&cfg, &d, heard, &mut mem), None);
-        assert_eq!(effective(&cfg, &d, heard, &mem), d);
+        assert!(matches!(effective(&cfg, &d, heard, &mem), Cow::Borrowed(e) if *e == d));
 
         let silent = Some(Duration::from_millis(2_500));
         assert!(matches!(
@@ -181,7 +180,9 @@ mod tests {
         let dropped = desired(&[6]);
         assert_eq!(track(&cfg, &dropped, heard, &mut mem), None);
         assert!(mem.void.is_empty());
-        assert_eq!(effective(&cfg, &dropped, heard, &mem), dropped);
+        assert!(
+            matches!(effective(&cfg, &dropped, heard, &mem), Cow::Borrowed(e) if *e == dropped)
+        );
     }
 
     #[test]
@@ -198,6 +199,9 @@ mod tests {
             Some(Alarm::Disabled { .. })
         ));
         assert_eq!(track(&cfg, &d, silent, &mut mem), None);
-        assert_eq!(effective(&cfg, &d, silent, &mem), d, "jobs run on");
+        assert!(
+            matches!(effective(&cfg, &d, silent, &mem), Cow::Borrowed(e) if *e == d),
+            "jobs run on"
+        );
     }
 }

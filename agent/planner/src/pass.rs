@@ -12,6 +12,7 @@
 //! 4. the driver reads what else the plan needs, publishes the runs ([`crate::runs`]) and
 //!    asks [`crate::plan`] for the steps.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use nightshift_common::{DesiredNode, LeaseGrant, ReplicaState};
@@ -19,16 +20,17 @@ use nightshift_common::{DesiredNode, LeaseGrant, ReplicaState};
 use crate::config::PlanConfig;
 use crate::container::Container;
 use crate::failsafe::{self, Alarm};
-use crate::plan::{Memory, Observation, Stale, honoured};
+use crate::plan::{Memory, Observation, Phase, Stale, honoured};
 use crate::time::Moment;
 
 /// What the round acts on, decided before the host is looked at.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Round {
+pub struct Round<'a> {
     /// What the fail-safe has to say this round.
     pub alarm: Option<Alarm>,
-    /// The desired state to act on; `None` before the coordinator has answered.
-    pub desired: Option<DesiredNode>,
+    /// The desired state to act on (the coordinator's itself, unless a lease is void);
+    /// `None` before the coordinator has answered.
+    pub desired: Option<Cow<'a, DesiredNode>>,
     /// Whether the replica's vLLM is to be asked (`/health`, its queue, `/is_sleeping`): a
     /// replica serving with no sequence under way is left alone, the heartbeat scrapes it.
     pub ask_replica: bool,
@@ -36,12 +38,12 @@ pub struct Round {
 
 /// Begins a round: `heard` is the coordinator's latest desired state, `since_contact` the
 /// time since it last acknowledged a heartbeat.
-pub fn begin(
+pub fn begin<'a>(
     cfg: &PlanConfig,
-    heard: Option<&DesiredNode>,
+    heard: Option<&'a DesiredNode>,
     since_contact: Option<Duration>,
     mem: &mut Memory,
-) -> Round {
+) -> Round<'a> {
     let alarm = heard.and_then(|d| failsafe::track(cfg, d, since_contact, mem));
     let desired = heard.map(|d| failsafe::effective(cfg, d, since_contact, mem));
     let ask_replica =
@@ -111,6 +113,26 @@ pub fn next_deadline(
         .map(|t| t + ttl)
         .min();
     silence.into_iter().chain(forgotten).min()
+}
+
+/// When the wait the sequence is in times out: the one moment at which a round that said
+/// [`crate::Step::Wait`] decides otherwise with nothing observed having changed (every wait
+/// is a [`Phase`] with a timeout from `PlanConfig`). `None` outside a wait, or in one that
+/// ends at once.
+pub fn wait_deadline(cfg: &PlanConfig, mem: &Memory) -> Option<Moment> {
+    let (phase, began) = mem.phase?;
+    let timeout = match phase {
+        Phase::MarkNotReady => cfg.readiness_grace,
+        Phase::WaitInFlight => cfg.drain_timeout,
+        Phase::ConfirmAsleep => cfg.sleep_free_timeout,
+        Phase::ConfirmStopped
+        | Phase::ConfirmFreeForJobs
+        | Phase::ConfirmFreeForReplica
+        | Phase::ConfirmFreeForWake => cfg.free_timeout,
+        Phase::WakeReplica | Phase::WaitHealth => cfg.health_timeout,
+        Phase::StopInstead => return None,
+    };
+    Some(began + timeout)
 }
 
 #[cfg(test)]
@@ -206,5 +228,23 @@ mod tests {
         assert_eq!(ids, vec![7, 9]);
         assert_eq!(seen.stale.len(), 1);
         assert_eq!((seen.stale[0].lease_id, seen.stale[0].seen), (8, 9));
+    }
+
+    #[test]
+    fn a_wait_times_out_by_its_own_phase() {
+        let cfg = PlanConfig::default();
+        let t = Moment::ZERO + Duration::from_secs(7);
+        let mut mem = Memory::default();
+        assert_eq!(wait_deadline(&cfg, &mem), None);
+        for (phase, timeout) in [
+            (Phase::MarkNotReady, cfg.readiness_grace),
+            (Phase::WaitInFlight, cfg.drain_timeout),
+            (Phase::ConfirmAsleep, cfg.sleep_free_timeout),
+            (Phase::ConfirmFreeForJobs, cfg.free_timeout),
+            (Phase::WaitHealth, cfg.health_timeout),
+        ] {
+            mem.phase = Some((phase, t));
+            assert_eq!(wait_deadline(&cfg, &mem), Some(t + timeout), "{phase:?}");
+        }
     }
 }

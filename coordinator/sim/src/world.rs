@@ -4,6 +4,7 @@
 //! heartbeats, tops up the backlog, ticks the controller and checks the invariants.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use nightshift_common::UnixMillis;
 
@@ -11,8 +12,8 @@ use crate::backlog::{Backlog, SimJob};
 use crate::config::SimConfig;
 use crate::controller::Controller;
 use crate::fault::{Fault, FaultKind};
+use crate::host::{Books, Outage, SimHost};
 use crate::ledger::Ledger;
-use crate::node::{Outage, Phase, SimNode, StepCtx};
 use crate::timeline::{MinuteSample, Waits};
 
 /// Simulated time of trace second 0 (midnight of day 1). Any fixed value works; a realistic
@@ -51,7 +52,7 @@ pub struct World<'a> {
     faults: &'a [Fault],
     controller: Box<dyn Controller + 'a>,
     /// Hosts in name order.
-    nodes: Vec<SimNode>,
+    nodes: Vec<SimHost>,
     /// Per host: its desired state may have moved since it last fetched it (the long-poll
     /// woke). A host that cannot reach the coordinator fetches once it can again.
     woken: Vec<bool>,
@@ -87,8 +88,11 @@ impl<'a> World<'a> {
         mut controller: Box<dyn Controller + 'a>,
     ) -> Self {
         let mut out = Outcome::default();
-        let nodes: Vec<SimNode> = (0..cfg.nodes)
-            .map(|i| SimNode::new(&format!("node-{i:03}"), cfg.gpus_per_node, ORIGIN))
+        let nodes: Vec<SimHost> = (0..cfg.nodes)
+            .map(|i| {
+                let name = format!("node-{i:03}");
+                SimHost::new(&name, cfg.gpus_per_node, &cfg.lifecycle, ORIGIN)
+            })
             .collect();
         for n in &nodes {
             if let Err(e) = controller.register(ORIGIN, &n.name, n.inventory()) {
@@ -144,7 +148,7 @@ impl<'a> World<'a> {
             self.out.waits.set(t, (horizon - t) as f64);
         }
         let end = ORIGIN + horizon * 1_000;
-        for n in &mut self.nodes {
+        for n in &self.nodes {
             n.finish_accounting(end, &self.jobs, &mut self.out.ledger);
         }
         self.out.waits.summarise(self.arrivals);
@@ -160,16 +164,16 @@ impl<'a> World<'a> {
             }
             FaultKind::AgentCrash => {
                 if let Some(n) = self.nodes.get_mut(f.node) {
-                    n.fail(Some(Outage::Crashed {
+                    n.fail(Outage::Crashed {
                         until: now + lc.agent_restart_s * 1_000,
-                    }));
+                    });
                 }
             }
             FaultKind::Partition => {
                 if let Some(n) = self.nodes.get_mut(f.node) {
-                    n.fail(Some(Outage::Partitioned {
+                    n.fail(Outage::Partitioned {
                         until: now + lc.partition_s * 1_000,
-                    }));
+                    });
                 }
             }
         }
@@ -182,6 +186,8 @@ impl<'a> World<'a> {
                 if let Err(e) = self.controller.register(now, &name, inv) {
                     self.record(now, vec![format!("register {name}: {e}")]);
                 }
+                // A restarted agent long-polls for its desired state at once.
+                self.woken[i] = true;
             }
         }
     }
@@ -237,8 +243,15 @@ impl<'a> World<'a> {
 
     /// Each host fetches a changed desired state (the long-poll) and acts for one second.
     fn act(&mut self, now: UnixMillis) {
-        let drain_ms = (self.cfg.replica.latency_s() * 1_000.0) as u64;
-        let mut settled = false;
+        let lc = &self.cfg.lifecycle;
+        let mut books = Books {
+            origin: ORIGIN,
+            jobs: &mut self.jobs,
+            ledger: &mut self.out.ledger,
+            save: Duration::from_secs(lc.checkpoint_save_s.max(1)),
+            drain: Duration::from_secs_f64(self.cfg.replica.latency_s()),
+            settled: false,
+        };
         for node in self.controller.moved() {
             if let Ok(i) = self
                 .nodes
@@ -248,26 +261,24 @@ impl<'a> World<'a> {
             }
         }
         for (n, woken) in self.nodes.iter_mut().zip(&mut self.woken) {
-            if *woken && n.reachable() {
+            if *woken && n.reachable() && n.agent.is_some() {
                 *woken = false;
                 let v = self.controller.version(&n.name);
-                if v.is_some() && v != n.desired.as_ref().map(|d| d.version) {
-                    n.receive(self.controller.desired(&n.name));
+                if v.is_some()
+                    && v != n.desired_version()
+                    && let Some(d) = self.controller.desired(&n.name)
+                {
+                    n.receive(d);
                 }
             }
-            let mut ctx = StepCtx {
-                now,
-                lifecycle: &self.cfg.lifecycle,
-                drain_ms,
-                jobs: &mut self.jobs,
-                ledger: &mut self.out.ledger,
-            };
-            settled |= n.step(&mut ctx);
+            n.step(now, &mut books);
         }
         // A job's progress is what other hosts' runs of it (a container left running on a
         // partitioned host) compare against.
-        if settled {
-            self.nodes.iter_mut().for_each(SimNode::poke);
+        if books.settled {
+            for n in &mut self.nodes {
+                n.refresh(&books);
+            }
         }
     }
 
@@ -278,9 +289,11 @@ impl<'a> World<'a> {
             if !n.reachable() || !(s + i as u64).is_multiple_of(every) {
                 continue;
             }
-            let beat = n.heartbeat();
+            let Some(beat) = n.heartbeat() else {
+                continue;
+            };
             match self.controller.heartbeat(now, &n.name, beat) {
-                Ok(()) => n.last_renewed = now,
+                Ok(()) => n.contact(now),
                 Err(e) => {
                     if self.out.violations.len() < VIOLATIONS_KEPT {
                         self.out
@@ -318,21 +331,13 @@ impl<'a> World<'a> {
         // A host that did not step is as it was when last checked, and every violation found
         // then was recorded: one found again is recorded again, as stepping every second
         // would.
-        for n in &mut self.nodes {
-            if !n.stepped && n.owners_ok {
-                continue;
-            }
-            let checked = n.check_owners();
-            n.owners_ok = checked.is_ok();
-            if let Err(e) = checked {
+        // A host that did not step is as it was when last checked.
+        for n in self.nodes.iter().filter(|n| n.stepped) {
+            if let Err(e) = n.host.check_owners() {
                 found.push(e);
             }
         }
-        let up = self
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.phase, Phase::Serving | Phase::Starting { .. }))
-            .count();
+        let up = self.nodes.iter().filter(|n| n.up()).count();
         let floor = self.cfg.min_replicas as usize;
         if up < floor.min(self.nodes.len()) {
             found.push(format!(

@@ -1,0 +1,301 @@
+//! A simulated GPU host: the host model of `nightshift-hostmodel` (engine, GPUs, vLLM replica,
+//! job containers) with the agent's real planner deciding on it, plus what the world does to
+//! it (crashes, partitions) and the books its jobs' exits write.
+//!
+//! The agent here is the code that ships: every drain, reclaim, fence and fail-safe decision
+//! is `nightshift-planner`'s, run in the executor's order (`nightshift_hostmodel::Agent`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use nightshift_common::{GpuInfo, Heartbeat, ServingSignals, UnixMillis};
+use nightshift_hostmodel::{Agent, Exit, Host, Timings, Workload};
+use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
+
+use crate::backlog::SimJob;
+use crate::ledger::Ledger;
+use crate::model::{Lifecycle, Release};
+
+/// Why the agent cannot talk to the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    /// The agent process is down until then: nothing is reconciled, containers run on.
+    Crashed { until: UnixMillis },
+    /// The agent runs but cannot reach the coordinator until then.
+    Partitioned { until: UnixMillis },
+}
+
+/// The moment of `at` on the hosts' clock, which starts at the simulation's `origin`.
+pub fn moment(origin: UnixMillis, at: UnixMillis) -> Moment {
+    Moment::from_origin(Duration::from_millis(at.saturating_sub(origin)))
+}
+
+fn unix(origin: UnixMillis, at: Moment) -> UnixMillis {
+    origin + at.since_origin().as_millis() as u64
+}
+
+/// The agent's configuration on a simulated host: the shipped defaults (`agent.toml`), with
+/// the lend mode and drain timeout of the simulation's lifecycle.
+pub fn plan_config(lifecycle: &Lifecycle) -> PlanConfig {
+    PlanConfig {
+        drain_timeout: Duration::from_secs(lifecycle.drain_timeout_s),
+        reclaim: match lifecycle.release {
+            Release::Stop => ReclaimMode::Stop,
+            Release::Sleep => ReclaimMode::Sleep,
+        },
+        ..PlanConfig::default()
+    }
+}
+
+/// The host's transition times from the simulation's lifecycle.
+pub fn timings(lifecycle: &Lifecycle) -> Timings {
+    Timings {
+        replica_start: Duration::from_secs(lifecycle.cold_start_s),
+        replica_stop: Duration::from_secs(lifecycle.stop_s),
+        sleep: Duration::from_secs(lifecycle.sleep_s),
+        wake: Duration::from_secs(lifecycle.wake_s),
+        ..Timings::default()
+    }
+}
+
+/// The jobs' side of the hosts: how long each has left, how long its checkpoint takes, and
+/// the ledger its exits are written into.
+pub struct Books<'a> {
+    pub origin: UnixMillis,
+    pub jobs: &'a mut BTreeMap<u64, SimJob>,
+    pub ledger: &'a mut Ledger,
+    /// Time a job needs to save its checkpoint when signalled.
+    pub save: Duration,
+    /// How long a ready replica's requests in flight take to finish (a drain's wait).
+    pub drain: Duration,
+    /// A job's exit changed its progress (which other runs of the job read).
+    pub settled: bool,
+}
+
+impl Workload for Books<'_> {
+    fn ends_at(&self, job: u64, started: Moment) -> Option<Moment> {
+        let j = self.jobs.get(&job)?;
+        Some(started + Duration::from_millis(j.startup_ms + j.remaining_ms()))
+    }
+
+    fn save(&self, _job: u64) -> Duration {
+        self.save
+    }
+
+    fn exited(&mut self, e: &Exit) {
+        let Some(job) = self.jobs.get_mut(&e.job) else {
+            return;
+        };
+        let (started, at) = (unix(self.origin, e.started), unix(self.origin, e.at));
+        match e.signalled {
+            None => self.ledger.finish(job, &e.gpus, started, at),
+            Some(s) => self
+                .ledger
+                .preempt(job, &e.gpus, started, unix(self.origin, s), at),
+        }
+        self.settled = true;
+    }
+}
+
+/// The workload of a host that runs no job yet.
+struct NoJobs;
+
+impl Workload for NoJobs {
+    fn ends_at(&self, _job: u64, _started: Moment) -> Option<Moment> {
+        None
+    }
+
+    fn save(&self, _job: u64) -> Duration {
+        Duration::ZERO
+    }
+
+    fn exited(&mut self, _exit: &Exit) {}
+}
+
+/// One simulated host and its agent.
+pub struct SimHost {
+    pub name: String,
+    gpus: u32,
+    pub host: Host,
+    /// The agent process; `None` while it is crashed.
+    pub agent: Option<Agent>,
+    cfg: PlanConfig,
+    origin: UnixMillis,
+    /// Agent processes started on the host so far.
+    incarnations: u64,
+    pub outage: Option<Outage>,
+    /// What the fleet last measured on this replica (while it is ready).
+    pub signals: ServingSignals,
+    /// Nothing is due on the host before then; `None`: at the next step.
+    next: Option<Moment>,
+    /// The last step changed something (the owners are checked again).
+    pub stepped: bool,
+}
+
+impl SimHost {
+    /// A host whose replica serves, its agent just started (it adopts the replica at its
+    /// first step, before the coordinator answers).
+    pub fn new(name: &str, gpus: u32, lifecycle: &Lifecycle, origin: UnixMillis) -> Self {
+        let cfg = plan_config(lifecycle);
+        let mut host = Self {
+            name: name.to_owned(),
+            gpus,
+            host: Host::serving(name, gpus, timings(lifecycle)),
+            agent: None,
+            cfg,
+            origin,
+            incarnations: 0,
+            outage: None,
+            signals: ServingSignals::default(),
+            next: None,
+            stepped: false,
+        };
+        host.start_agent();
+        // The fleet serves when the simulation begins: the agent has adopted its replica.
+        if let Some(agent) = &mut host.agent {
+            agent.tick(Moment::ZERO, &mut host.host, &mut NoJobs);
+            host.next = agent.next_tick(&host.host);
+        }
+        host
+    }
+
+    fn start_agent(&mut self) {
+        self.incarnations += 1;
+        self.agent = Some(Agent::new(self.cfg.clone(), self.incarnations, self.origin));
+        self.next = None;
+    }
+
+    pub fn inventory(&self) -> Vec<GpuInfo> {
+        (0..self.gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{}-{i}", self.name),
+                name: "sim-h100".into(),
+                memory_total_bytes: 80 << 30,
+            })
+            .collect()
+    }
+
+    /// The load balancer sends the replica requests: its agent says it is ready, or, with the
+    /// agent down, its vLLM still serves as it was.
+    pub fn ready(&self) -> bool {
+        match &self.agent {
+            Some(a) => a.ready(),
+            None => self.host.replica_serving(),
+        }
+    }
+
+    /// The replica serves or is starting to (the serving floor counts these).
+    pub fn up(&self) -> bool {
+        self.host.replica_up()
+    }
+
+    /// A job runs (or is saving on its signal) on the host's GPUs.
+    pub fn lent(&self) -> bool {
+        self.host.lent()
+    }
+
+    pub fn reachable(&self) -> bool {
+        self.outage.is_none()
+    }
+
+    /// Ends outages whose time is up; true when the agent came back from a crash (and must
+    /// register again).
+    pub fn heal(&mut self, now: UnixMillis) -> bool {
+        match self.outage {
+            Some(Outage::Crashed { until }) if now >= until => {
+                self.outage = None;
+                self.start_agent();
+                true
+            }
+            Some(Outage::Partitioned { until }) if now >= until => {
+                self.outage = None;
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// The agent crashes (its memory is lost) or is cut off.
+    pub fn fail(&mut self, outage: Outage) {
+        if let Outage::Crashed { .. } = outage {
+            self.agent = None;
+        }
+        self.outage = Some(outage);
+        self.next = None;
+    }
+
+    /// The desired state the agent last received, by version.
+    pub fn desired_version(&self) -> Option<u64> {
+        self.agent.as_ref()?.desired().map(|d| d.version)
+    }
+
+    /// The long poll's answer.
+    pub fn receive(&mut self, desired: nightshift_common::DesiredNode) {
+        if let Some(a) = &mut self.agent {
+            a.receive(desired);
+            self.next = None;
+        }
+    }
+
+    /// Another host's run of a job settled its progress: the host's running jobs end at
+    /// another time.
+    pub fn refresh(&mut self, books: &Books<'_>) {
+        self.host.refresh(books);
+        self.next = None;
+    }
+
+    /// One second of the host at `now`: its timers turn and its agent acts, when anything
+    /// is due.
+    pub fn step(&mut self, now: UnixMillis, books: &mut Books<'_>) {
+        let at = moment(self.origin, now);
+        self.stepped = self.next.is_none_or(|t| at >= t);
+        if !self.stepped {
+            return;
+        }
+        if self.ready() {
+            // vLLM's requests in flight: the last one arrived now and takes the drain time.
+            self.host.load(at + books.drain);
+        }
+        match &mut self.agent {
+            Some(agent) => {
+                agent.tick(at, &mut self.host, books);
+                self.next = agent.next_tick(&self.host);
+            }
+            None => {
+                self.host.advance(at, books);
+                self.next = self.host.next_event();
+            }
+        }
+    }
+
+    /// The heartbeat its agent sends; `None` while the agent is down.
+    pub fn heartbeat(&self) -> Option<Heartbeat> {
+        let agent = self.agent.as_ref()?;
+        Some(agent.heartbeat(&self.host, &self.signals))
+    }
+
+    /// The coordinator acknowledged the heartbeat sent at `now`.
+    pub fn contact(&mut self, now: UnixMillis) {
+        if let Some(a) = &mut self.agent {
+            a.contact(moment(self.origin, now));
+            if a.next_tick(&self.host).is_none() {
+                self.next = None;
+            }
+        }
+    }
+
+    /// Jobs still running when the simulation ends are counted as if checkpointed now.
+    pub fn finish_accounting(
+        &self,
+        now: UnixMillis,
+        jobs: &BTreeMap<u64, SimJob>,
+        ledger: &mut Ledger,
+    ) {
+        for (job, gpus, started) in self.host.live_runs() {
+            if let Some(job) = jobs.get(&job) {
+                ledger.truncate(job, gpus, unix(self.origin, started), now);
+            }
+        }
+    }
+}
