@@ -10,7 +10,7 @@
 //! are already there are adopted. Time is tokio's clock, read here and handed to the
 //! planner as a [`Moment`] since the reconciler's origin, so that tests can pause it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,9 +80,9 @@ pub struct Reconciler<E, G, S> {
     /// Where the planner's time begins: a [`Moment`] is the time since.
     origin: Instant,
     /// Output parameters read from a finished container, by container id.
-    outputs: HashMap<String, BTreeMap<String, String>>,
+    outputs: BTreeMap<String, BTreeMap<String, String>>,
     /// Pulls under way, by image, with when each began.
-    pulls: HashMap<
+    pulls: BTreeMap<
         String,
         (
             Instant,
@@ -93,7 +93,7 @@ pub struct Reconciler<E, G, S> {
     /// The bucket of object checkpoint storage; `None` with other storage.
     bucket: Option<Arc<Bucket>>,
     /// Restores under way, by lease id, with the lease.
-    restores: HashMap<
+    restores: BTreeMap<
         u64,
         (
             LeaseGrant,
@@ -134,11 +134,11 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             shared,
             mem,
             origin: Instant::now(),
-            outputs: HashMap::new(),
-            pulls: HashMap::new(),
+            outputs: BTreeMap::new(),
+            pulls: BTreeMap::new(),
             host: Arc::new(SysinfoHost::new()),
             bucket: None,
-            restores: HashMap::new(),
+            restores: BTreeMap::new(),
         }
     }
 
@@ -466,7 +466,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     async fn stop_jobs(&mut self, jobs: &[StopJob], reclaim: bool) -> Result<(), ReconcileError> {
         let started = Instant::now();
         self.mem.stopping(jobs);
-        let leases: HashSet<u64> = jobs.iter().filter_map(|j| j.lease_id).collect();
+        let leases: BTreeSet<u64> = jobs.iter().filter_map(|j| j.lease_id).collect();
         self.shared.update(|o| {
             for r in o.runs.iter_mut().filter(|r| leases.contains(&r.lease_id)) {
                 r.state = JobRunState::Stopping;
@@ -939,7 +939,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     /// lease waiting to start whose image is on the host and whose checkpoint is restored
     /// (object storage) is reported ready.
     fn publish_runs(&mut self, obs: &Observation, leases: &[LeaseGrant]) {
-        let mut facts = HashMap::new();
+        let mut facts = BTreeMap::new();
         for lease in leases {
             let container = jobs(&obs.containers).find(|c| lease_of(c) == Some(lease.lease_id));
             let outputs = container

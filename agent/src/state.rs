@@ -173,7 +173,7 @@ impl Shared {
     /// late answer) is dropped.
     pub fn offer_desired(&self, desired: DesiredNode) {
         self.desired.send_if_modified(|held| {
-            let newer = held.as_ref().is_none_or(|h| desired.version > h.version);
+            let newer = nightshift_planner::pass::supersedes(&desired, held.as_ref());
             if newer {
                 *held = Some(desired);
             }

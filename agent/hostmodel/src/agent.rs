@@ -10,7 +10,7 @@
 //! leaves the agent quiet until something it reads changes: the host (a timer of its
 //! turns), the desired state, or a deadline of its memory ([`pass::next_deadline`]).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use nightshift_common::{
@@ -115,17 +115,23 @@ impl Agent {
         self.heard.as_ref()
     }
 
-    /// The long poll's answer: a newer desired state, acted on at the next tick.
+    /// The long poll's answer, acted on at the next tick; one older than the desired state
+    /// held (a late answer) is dropped, as the agent drops it.
     pub fn receive(&mut self, desired: DesiredNode) {
-        self.heard = Some(desired);
-        self.due = None;
+        if pass::supersedes(&desired, self.heard.as_ref()) {
+            self.heard = Some(desired);
+            self.due = None;
+        }
     }
 
     /// The coordinator acknowledged the heartbeat sent at `at`.
     pub fn contact(&mut self, at: Moment) {
-        self.last_contact = Some(at);
-        // Back in touch after a silence: the fail-safe has something to say.
-        if self.mem.silence_logged {
+        let first = self.last_contact.replace(at).is_none();
+        // The first contact starts the fail-safe's clock, which a quiet agent must wake for;
+        // back in touch after a silence, the fail-safe has something to say. (Later
+        // contacts only move the deadline later: the agent wakes at the old one and waits
+        // again.)
+        if first || self.mem.silence_logged {
             self.due = None;
         }
     }
@@ -166,9 +172,14 @@ impl Agent {
         for _ in 0..MAX_ROUNDS {
             let since_contact = self.last_contact.map(|t| now.duration_since(t));
             let begun = pass::begin(&self.cfg, self.heard.as_ref(), since_contact, &mut self.mem);
-            let obs = host.observe(now, begun.ask_replica);
+            let Ok(obs) = host.observe(now, begun.ask_replica) else {
+                // The engine does not answer: the pass fails, and what ran is remembered.
+                self.mem.engine_lost();
+                self.settle(Flow::Failed, now);
+                return;
+            };
             let leases = pass::observed(begun.desired.as_deref(), &obs, &mut self.mem, now).leases;
-            self.runs = runs::runs(&leases, &obs, &self.mem, &HashMap::new());
+            self.runs = runs::runs(&leases, &obs, &self.mem, &BTreeMap::new());
             let steps = plan(
                 &self.cfg,
                 begun.desired.as_deref(),
@@ -259,7 +270,7 @@ impl Agent {
                 } => self.record(sequence, phase, began, now),
                 Step::StopJobs { jobs, reclaim } => {
                     self.mem.stopping(&jobs);
-                    let leases: HashSet<u64> = jobs.iter().filter_map(|j| j.lease_id).collect();
+                    let leases: BTreeSet<u64> = jobs.iter().filter_map(|j| j.lease_id).collect();
                     for r in self
                         .runs
                         .iter_mut()

@@ -142,7 +142,20 @@ pub struct Host {
     created: u64,
     /// vLLM has requests in flight until then (the traffic the caller sends it).
     busy_until: Moment,
+    /// The container engine does not answer until then (it is restarting).
+    engine_down_until: Option<Moment>,
+    /// The checkpoint volume reads full until then.
+    disk_full_until: Option<Moment>,
+    /// The highest lease epoch a job container was started with, per GPU: the host's own
+    /// record, against which every start is checked (ARCHITECTURE.md, invariant 3).
+    started_epochs: BTreeMap<u32, u64>,
+    /// Starts under an epoch older than one already started on the GPU.
+    stale_starts: Vec<String>,
 }
+
+/// The container engine did not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineDown;
 
 /// The replica container's URL: the model binds no port, so any fixed string serves.
 const REPLICA_URL: &str = "http://replica.model";
@@ -158,6 +171,10 @@ impl Host {
             jobs: Vec::new(),
             created: 0,
             busy_until: Moment::ZERO,
+            engine_down_until: None,
+            disk_full_until: None,
+            started_epochs: BTreeMap::new(),
+            stale_starts: Vec::new(),
         }
     }
 
@@ -201,13 +218,24 @@ impl Host {
             Run::Signalled { exits_at, .. } => Some(exits_at),
             Run::Exited => None,
         });
-        replica.into_iter().chain(jobs).min()
+        let recoveries = [self.engine_down_until, self.disk_full_until];
+        replica
+            .into_iter()
+            .chain(jobs)
+            .chain(recoveries.into_iter().flatten())
+            .min()
     }
 
     /// Turns every timer due by `now`; true when anything changed. Job exits are told to
     /// the workload, in the order they happened.
     pub fn advance(&mut self, now: Moment, workload: &mut dyn Workload) -> bool {
         let mut changed = false;
+        for until in [&mut self.engine_down_until, &mut self.disk_full_until] {
+            if until.is_some_and(|t| t <= now) {
+                *until = None;
+                changed = true;
+            }
+        }
         if let Some(r) = &mut self.replica {
             let next = match r.vllm {
                 Vllm::Loading { healthy_at: t } | Vllm::Waking { at: t } if t <= now => {
@@ -263,7 +291,10 @@ impl Host {
 
     /// What the agent's ports read from the host at `now`; the replica's vLLM is asked only
     /// when `ask` (as the executor's `observe`).
-    pub fn observe(&self, now: Moment, ask: bool) -> Observation {
+    pub fn observe(&self, now: Moment, ask: bool) -> Result<Observation, EngineDown> {
+        if self.engine_down_until.is_some() {
+            return Err(EngineDown);
+        }
         let mut containers = Vec::with_capacity(self.jobs.len() + 1);
         let mut replica = None;
         if let Some(r) = &self.replica {
@@ -289,15 +320,19 @@ impl Host {
             }
         }
         containers.extend(self.jobs.iter().map(|j| j.container.clone()));
-        Observation {
+        Ok(Observation {
             containers,
             gpus: self.gpu_indices(),
             gpu_memory: Some(self.gpu_memory()),
             replica,
-            checkpoint_free_bytes: Some(u64::MAX),
+            checkpoint_free_bytes: Some(if self.disk_full_until.is_some() {
+                0
+            } else {
+                u64::MAX
+            }),
             missing_images: BTreeSet::new(),
             unrestored: BTreeSet::new(),
-        }
+        })
     }
 
     fn probe(&self, r: &Replica, now: Moment, ask: bool) -> ReplicaProbe {
@@ -429,6 +464,16 @@ impl Host {
 
     /// Starts `lease`'s job container, labelled as the agent labels it.
     pub fn start_job(&mut self, lease: &LeaseGrant, now: Moment, workload: &dyn Workload) {
+        for g in &lease.gpus {
+            let seen = self.started_epochs.entry(*g).or_default();
+            if lease.epoch < *seen {
+                self.stale_starts.push(format!(
+                    "node {} gpu {g}: lease {} started under epoch {}, after epoch {} ran there",
+                    self.name, lease.lease_id, lease.epoch, *seen
+                ));
+            }
+            *seen = (*seen).max(lease.epoch);
+        }
         let id = self.new_id("job");
         self.jobs.push(Job {
             container: Container {
@@ -472,9 +517,13 @@ impl Host {
     }
 
     /// One owner per GPU: the replica (awake) or a single live job container, never two;
-    /// an asleep replica keeps only its context and may share. `Err` names the GPU and the
-    /// owners.
+    /// an asleep replica keeps only its context and may share. And no job container was
+    /// ever started under an epoch older than one started on its GPUs before. `Err` names
+    /// the GPU and the owners, or the stale start.
     pub fn check_owners(&self) -> Result<(), String> {
+        if let Some(stale) = self.stale_starts.first() {
+            return Err(stale.clone());
+        }
         let replica_holds = self
             .replica
             .as_ref()
@@ -501,6 +550,34 @@ impl Host {
             ));
         }
         Ok(())
+    }
+
+    /// The container engine restarts at `now` and answers again after `down`: every
+    /// container stops with it (the jobs on the engine's SIGTERM, at once), as `dockerd` stops
+    /// its containers when it restarts without live-restore.
+    pub fn restart_engine(&mut self, now: Moment, down: Duration, workload: &mut dyn Workload) {
+        self.engine_down_until = Some(now + down);
+        if let Some(r) = &mut self.replica {
+            r.vllm = Vllm::Exited;
+        }
+        for j in self.jobs.iter_mut().filter(|j| j.run == Run::Running) {
+            j.run = Run::Signalled {
+                at: now,
+                exits_at: now,
+                code: 143,
+            };
+        }
+        self.advance(now, workload);
+    }
+
+    /// The checkpoint volume reads full until `until`.
+    pub fn fill_disk(&mut self, until: Moment) {
+        self.disk_full_until = Some(until);
+    }
+
+    /// The jobs whose containers are live on the host.
+    pub fn live_jobs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.jobs.iter().filter(|j| j.live()).map(|j| j.lease.job_id)
     }
 
     /// The live job containers' runs, for the caller's books at the end of a simulation:

@@ -218,3 +218,23 @@ fn a_lease_older_than_the_epoch_a_gpu_ran_is_never_started() {
     rig.run(30);
     assert_eq!(rig.runs(), vec![(5, JobRunState::Running)]);
 }
+
+#[test]
+fn a_restarted_agent_fails_safe_once_in_touch_and_cut_off_again() {
+    let mut rig = Rig::new(PlanConfig::default());
+    rig.agent.receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
+    rig.until(60, "the job starts", |r| r.host.lent());
+    // The agent process restarts: a new memory, no contact yet; the job runs on.
+    rig.agent = Agent::new(PlanConfig::default(), 2, 1_000_000);
+    rig.agent.receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
+    rig.run(120);
+    assert!(rig.host.lent());
+    assert_eq!(rig.runs(), vec![(1, JobRunState::Running)]);
+    // In touch since; now cut off: the fail-safe acts past the TTL, as before the restart.
+    rig.connected = false;
+    let silent_at = rig.t;
+    rig.until(30, "the fail-safe signals the job", |r| {
+        r.runs().iter().any(|(_, s)| *s == JobRunState::Stopping)
+    });
+    assert_eq!(rig.t - silent_at, 11);
+}

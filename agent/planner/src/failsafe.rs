@@ -32,8 +32,13 @@ use crate::plan::Memory;
 
 /// How long the coordinator may be silent before the fail-safe acts.
 pub fn silence_limit(cfg: &PlanConfig, desired: &DesiredNode) -> Duration {
-    cfg.failsafe_silence
-        .unwrap_or(Duration::from_millis(desired.lease_ttl_ms))
+    let limit = cfg
+        .failsafe_silence
+        .unwrap_or(Duration::from_millis(desired.lease_ttl_ms));
+    // The planted bug the fault simulation must find (the feature's comment in Cargo.toml).
+    #[cfg(feature = "inject-late-failsafe")]
+    let limit = limit * 4;
+    limit
 }
 
 /// How long the coordinator has been silent past the limit, if it has.

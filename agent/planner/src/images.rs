@@ -4,17 +4,17 @@
 //! another is someone else's), and those the leases waiting to start need this round (never
 //! removed). [`removable`] decides which to remove when the engine's disk runs low.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The images the agent tracks, part of its [`crate::Memory`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Images {
     /// A job image's reference → `repo@sha256:...`, learnt when the image was found or pulled.
-    pinned: HashMap<String, String>,
+    pinned: BTreeMap<String, String>,
     /// The ids of the job images this agent pulled.
-    pulled: HashSet<String>,
+    pulled: BTreeSet<String>,
     /// The ids of the images the leases waiting to start need, this round.
-    wanted: HashSet<String>,
+    wanted: BTreeSet<String>,
 }
 
 /// An image on the host, as the engine lists it.

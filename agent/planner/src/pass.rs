@@ -23,6 +23,13 @@ use crate::failsafe::{self, Alarm};
 use crate::plan::{Memory, Observation, Phase, Stale, honoured};
 use crate::time::Moment;
 
+/// Whether a desired state heard from the coordinator replaces the one `held`: only a newer
+/// version does; an older one is a late answer (a long poll that overtook another) and is
+/// dropped.
+pub fn supersedes(offered: &DesiredNode, held: Option<&DesiredNode>) -> bool {
+    held.is_none_or(|h| offered.version > h.version)
+}
+
 /// What the round acts on, decided before the host is looked at.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Round<'a> {

@@ -11,7 +11,7 @@
 //! sequences themselves are in `drain.rs` (lend the node) and `reclaim.rs` (serve again); the
 //! fail-safe's decisions in `failsafe.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::labels;
@@ -163,11 +163,11 @@ pub struct Memory {
     /// The replica's state; it changes only through [`crate::lifecycle::apply`].
     pub replica: ReplicaState,
     /// Highest fencing epoch honoured per GPU; a lease below it is stale and refused.
-    pub fenced: HashMap<u32, u64>,
+    pub fenced: BTreeMap<u32, u64>,
     /// Containers this agent stopped (reclaim, cancel), as opposed to ones that exited alone.
-    pub stopped: HashSet<String>,
+    pub stopped: BTreeSet<String>,
     /// Leases whose container could not be started, with why.
-    pub start_failures: HashMap<u64, StartFailure>,
+    pub start_failures: BTreeMap<u64, StartFailure>,
     /// Leases the fail-safe stopped (id → epoch): refused until the coordinator drops them.
     pub void: BTreeMap<u64, u64>,
     /// A silence already logged (the fail-safe is loud once, not every pass).
@@ -175,17 +175,17 @@ pub struct Memory {
     /// The wait the current sequence is in, and since when.
     pub phase: Option<(Phase, Moment)>,
     /// Finished containers whose removal failed in this pass (tried again next pass).
-    pub unremovable: HashSet<String>,
+    pub unremovable: BTreeSet<String>,
     /// The job containers running at the last look at the engine.
-    pub running_jobs: HashSet<String>,
+    pub running_jobs: BTreeSet<String>,
     /// While the engine does not answer: the job containers that ran when it went away.
-    pub engine_away: Option<HashSet<String>>,
+    pub engine_away: Option<BTreeSet<String>>,
     /// The job images: pinned, pulled by this agent, wanted this round.
     pub images: crate::images::Images,
     /// The exited job containers whose checkpoint upload was started (object storage).
-    pub uploading: HashSet<String>,
+    pub uploading: BTreeSet<String>,
     /// Leases whose checkpoint was restored from the object store (lease id → the restore).
-    pub restored: HashMap<u64, Restore>,
+    pub restored: BTreeMap<u64, Restore>,
 }
 
 /// A lease's checkpoint restored from the object store into its attempt's directory.
@@ -202,18 +202,18 @@ impl Default for Memory {
     fn default() -> Self {
         Self {
             replica: ReplicaState::Stopped,
-            fenced: HashMap::new(),
-            stopped: HashSet::new(),
-            start_failures: HashMap::new(),
+            fenced: BTreeMap::new(),
+            stopped: BTreeSet::new(),
+            start_failures: BTreeMap::new(),
             void: BTreeMap::new(),
             silence_logged: false,
             phase: None,
-            unremovable: HashSet::new(),
-            running_jobs: HashSet::new(),
+            unremovable: BTreeSet::new(),
+            running_jobs: BTreeSet::new(),
             engine_away: None,
             images: Default::default(),
-            uploading: HashSet::new(),
-            restored: HashMap::new(),
+            uploading: BTreeSet::new(),
+            restored: BTreeMap::new(),
         }
     }
 }
@@ -318,7 +318,7 @@ impl Memory {
         containers: &[Container],
         running: impl IntoIterator<Item = u64>,
     ) -> (Vec<u64>, Vec<Upload>) {
-        let listed: HashSet<u64> = leases.iter().map(|l| l.lease_id).collect();
+        let listed: BTreeSet<u64> = leases.iter().map(|l| l.lease_id).collect();
         let abort: Vec<u64> = running
             .into_iter()
             .filter(|id| !listed.contains(id))
@@ -801,7 +801,7 @@ pub struct Stale {
 /// and the stale ones refused.
 pub fn honoured(
     leases: &[LeaseGrant],
-    fenced: &HashMap<u32, u64>,
+    fenced: &BTreeMap<u32, u64>,
 ) -> (Vec<LeaseGrant>, Vec<Stale>) {
     let mut ok = Vec::new();
     let mut stale = Vec::new();

@@ -3,7 +3,7 @@
 //! it, or failed to start), per container of a lease no longer listed while it exists, and
 //! per start failure of a lease taken back before the coordinator heard of it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use nightshift_common::labels;
 use nightshift_common::{JobRun, JobRunState, LeaseGrant};
@@ -45,7 +45,7 @@ pub fn runs(
     leases: &[LeaseGrant],
     obs: &Observation,
     mem: &Memory,
-    facts: &HashMap<u64, RunFacts>,
+    facts: &BTreeMap<u64, RunFacts>,
 ) -> Vec<JobRun> {
     let containers = &obs.containers[..];
     let mut runs = Vec::new();

@@ -13,7 +13,7 @@
 //!   lease run (or reported failed to start); when the coordinator is silent past the TTL,
 //!   serving with the leases void (invariant 5, service first).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -215,7 +215,7 @@ impl World {
             .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_JOB))
             .filter(|c| c.state == ContainerState::Running)
             .collect();
-        let mut owner: HashMap<u32, &str> = HashMap::new();
+        let mut owner: BTreeMap<u32, &str> = BTreeMap::new();
         for c in &running_jobs {
             for g in nightshift_planner::gpus_of(c) {
                 if let Some(other) = owner.insert(g, &c.id) {
@@ -234,7 +234,7 @@ impl World {
                 "a job runs beside an awake replica"
             );
         }
-        let mut epochs: HashMap<u32, u64> = HashMap::new();
+        let mut epochs: BTreeMap<u32, u64> = BTreeMap::new();
         for s in self.node.starts() {
             if s.labels.get(labels::ROLE).map(String::as_str) != Some(labels::ROLE_JOB) {
                 continue;

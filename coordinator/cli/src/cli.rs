@@ -167,6 +167,9 @@ pub enum Command {
     Demo,
     /// Simulate a fleet on a traffic trace and compare lending policies.
     Simulate(crate::simulate::SimulateArgs),
+    /// Hunt for invariant violations: seeds of a small simulated fleet under random faults,
+    /// the real core and planner deciding; exits 1 naming each failing seed.
+    Vopr(crate::vopr::VoprArgs),
     /// Check an Argo Workflows file offline; exits 2 when it cannot run, naming each line.
     Lint {
         #[arg(value_name = "FILE")]
@@ -268,6 +271,13 @@ async fn execute(
                 std::fs::write(path, page)?;
             }
             print(out, json, &report, || report.to_table())?;
+        }
+        Command::Vopr(args) => {
+            let report = crate::vopr::run(args).map_err(CliError::Usage)?;
+            print(out, json, &report, || report.to_table())?;
+            if !report.failures.is_empty() {
+                return Ok(1);
+            }
         }
         Command::Lint { file } => return crate::lint::run(file, stdin, out, json),
         Command::Submit { file, parameters } => {

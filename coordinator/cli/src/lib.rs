@@ -20,4 +20,5 @@ pub mod render;
 pub mod simchart;
 pub mod simulate;
 pub mod traces;
+pub mod vopr;
 pub mod workflows;

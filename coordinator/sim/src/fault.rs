@@ -3,22 +3,81 @@
 
 use crate::rng::Rng;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
-    /// The agent process dies and comes back after `Lifecycle::agent_restart_s`.
+    /// The agent process dies and comes back after `Lifecycle::agent_restart_s` (or the
+    /// fault's own duration); its memory is lost, its containers run on.
     AgentCrash,
-    /// The coordinator restarts, its core rebuilt from a snapshot.
+    /// The coordinator restarts, its core rebuilt from what its store holds.
     CoordinatorRestart,
-    /// The node cannot reach the coordinator for `Lifecycle::partition_s`.
+    /// The node cannot reach the coordinator for `Lifecycle::partition_s` (or the fault's
+    /// own duration): neither its heartbeats nor its desired state get through.
     Partition,
+    /// The node's heartbeats are lost; its desired state still arrives.
+    HeartbeatLoss,
+    /// The node's desired state does not arrive (the long poll hangs); its heartbeats get
+    /// through.
+    DesiredLoss,
+    /// The node's container engine restarts: every container stops with it, and the engine
+    /// does not answer for the fault's duration (10 s unless given).
+    EngineRestart,
+    /// The jobs running on the node ignore their checkpoint signal from now on: each stop
+    /// waits out its grace period and kills it.
+    StubbornJobs,
+    /// The node's checkpoint volume reads full for the fault's duration (10 minutes unless
+    /// given): no job may start there.
+    DiskFull,
+    /// The coordinator is down for the fault's duration (every node cut off from it), then
+    /// restarts from its store.
+    CoordinatorDown,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::AgentCrash,
+        FaultKind::CoordinatorRestart,
+        FaultKind::Partition,
+        FaultKind::HeartbeatLoss,
+        FaultKind::DesiredLoss,
+        FaultKind::EngineRestart,
+        FaultKind::StubbornJobs,
+        FaultKind::DiskFull,
+        FaultKind::CoordinatorDown,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AgentCrash => "agent-crash",
+            Self::CoordinatorRestart => "coordinator-restart",
+            Self::Partition => "partition",
+            Self::HeartbeatLoss => "heartbeat-loss",
+            Self::DesiredLoss => "desired-loss",
+            Self::EngineRestart => "engine-restart",
+            Self::StubbornJobs => "stubborn-jobs",
+            Self::DiskFull => "disk-full",
+            Self::CoordinatorDown => "coordinator-down",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fault {
     pub at_s: u64,
     pub kind: FaultKind,
-    /// The node it hits (ignored for a coordinator restart).
+    /// The node it hits (ignored for the coordinator's faults).
     pub node: usize,
+    /// How long it lasts, seconds; `None`: the kind's default.
+    pub for_s: Option<u64>,
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "t={}s {} node-{:03}", self.at_s, self.kind.name(), self.node)?;
+        if let Some(d) = self.for_s {
+            write!(f, " for {d}s")?;
+        }
+        Ok(())
+    }
 }
 
 /// How many faults of each kind per simulated day.
@@ -85,6 +144,7 @@ impl FaultRates {
                     at_s: rng.below(horizon.max(1)),
                     kind,
                     node: rng.below(nodes.max(1) as u64) as usize,
+                    for_s: None,
                 });
             }
         }

@@ -5,7 +5,7 @@
 //! The agent here is the code that ships: every drain, reclaim, fence and fail-safe decision
 //! is `nightshift-planner`'s, run in the executor's order (`nightshift_hostmodel::Agent`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::{GpuInfo, Heartbeat, ServingSignals, UnixMillis};
@@ -16,13 +16,42 @@ use crate::backlog::SimJob;
 use crate::ledger::Ledger;
 use crate::model::{Lifecycle, Release};
 
-/// Why the agent cannot talk to the coordinator.
+/// Why the agent cannot talk to the coordinator. Overlapping outages of a host merge into
+/// the wider one, until the later end; a crashed agent stays down until it restarts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outage {
     /// The agent process is down until then: nothing is reconciled, containers run on.
     Crashed { until: UnixMillis },
     /// The agent runs but cannot reach the coordinator until then.
     Partitioned { until: UnixMillis },
+    /// Its heartbeats are lost until then; its desired state arrives.
+    Deaf { until: UnixMillis },
+    /// Its desired state does not arrive until then; its heartbeats get through.
+    Muted { until: UnixMillis },
+}
+
+impl Outage {
+    fn until(self) -> UnixMillis {
+        match self {
+            Self::Crashed { until }
+            | Self::Partitioned { until }
+            | Self::Deaf { until }
+            | Self::Muted { until } => until,
+        }
+    }
+
+    /// This outage and `other` at once.
+    fn merge(self, other: Self) -> Self {
+        let until = self.until().max(other.until());
+        match (self, other) {
+            (Self::Crashed { .. }, Self::Crashed { .. }) => Self::Crashed { until },
+            (c @ Self::Crashed { .. }, _) => c,
+            (_, c @ Self::Crashed { .. }) => c,
+            (Self::Deaf { .. }, Self::Deaf { .. }) => Self::Deaf { until },
+            (Self::Muted { .. }, Self::Muted { .. }) => Self::Muted { until },
+            _ => Self::Partitioned { until },
+        }
+    }
 }
 
 /// The moment of `at` on the hosts' clock, which starts at the simulation's `origin`.
@@ -68,6 +97,8 @@ pub struct Books<'a> {
     pub save: Duration,
     /// How long a ready replica's requests in flight take to finish (a drain's wait).
     pub drain: Duration,
+    /// Jobs that ignore their checkpoint signal (killed when their grace runs out).
+    pub stubborn: &'a BTreeSet<u64>,
     /// A job's exit changed its progress (which other runs of the job read).
     pub settled: bool,
 }
@@ -78,7 +109,11 @@ impl Workload for Books<'_> {
         Some(started + Duration::from_millis(j.startup_ms + j.remaining_ms()))
     }
 
-    fn save(&self, _job: u64) -> Duration {
+    fn save(&self, job: u64) -> Duration {
+        if self.stubborn.contains(&job) {
+            // Longer than any grace period: killed when it runs out.
+            return Duration::from_secs(365 * 86_400);
+        }
         self.save
     }
 
@@ -130,6 +165,10 @@ pub struct SimHost {
     next: Option<Moment>,
     /// The last step changed something (the owners are checked again).
     pub stepped: bool,
+    /// A fault (the engine's restart) took the serving replica down, and it has not served
+    /// again since, nor was the host lent: the serving floor counts it, as no decision took
+    /// it away.
+    replica_lost: bool,
 }
 
 impl SimHost {
@@ -149,6 +188,7 @@ impl SimHost {
             signals: ServingSignals::default(),
             next: None,
             stepped: false,
+            replica_lost: false,
         };
         host.start_agent();
         // The fleet serves when the simulation begins: the agent has adopted its replica.
@@ -185,9 +225,10 @@ impl SimHost {
         }
     }
 
-    /// The replica serves or is starting to (the serving floor counts these).
+    /// The replica serves or is starting to, or a fault took it down and the agent is
+    /// bringing it back (the serving floor counts these).
     pub fn up(&self) -> bool {
-        self.host.replica_up()
+        self.host.replica_up() || self.replica_lost
     }
 
     /// A job runs (or is saving on its signal) on the host's GPUs.
@@ -195,33 +236,52 @@ impl SimHost {
         self.host.lent()
     }
 
-    pub fn reachable(&self) -> bool {
-        self.outage.is_none()
+    /// Its heartbeats reach the coordinator.
+    pub fn sends(&self) -> bool {
+        self.agent.is_some() && matches!(self.outage, None | Some(Outage::Muted { .. }))
+    }
+
+    /// Its desired state reaches it.
+    pub fn hears(&self) -> bool {
+        self.agent.is_some() && matches!(self.outage, None | Some(Outage::Deaf { .. }))
     }
 
     /// Ends outages whose time is up; true when the agent came back from a crash (and must
     /// register again).
     pub fn heal(&mut self, now: UnixMillis) -> bool {
-        match self.outage {
-            Some(Outage::Crashed { until }) if now >= until => {
-                self.outage = None;
-                self.start_agent();
-                true
-            }
-            Some(Outage::Partitioned { until }) if now >= until => {
-                self.outage = None;
-                false
-            }
-            _ => false,
+        let Some(outage) = self.outage.filter(|o| now >= o.until()) else {
+            return false;
+        };
+        self.outage = None;
+        self.next = None;
+        if let Outage::Crashed { .. } = outage {
+            self.start_agent();
+            return true;
         }
+        false
     }
 
     /// The agent crashes (its memory is lost) or is cut off.
     pub fn fail(&mut self, outage: Outage) {
-        if let Outage::Crashed { .. } = outage {
+        let merged = self.outage.map_or(outage, |o| o.merge(outage));
+        if let Outage::Crashed { .. } = merged {
             self.agent = None;
         }
-        self.outage = Some(outage);
+        self.outage = Some(merged);
+        self.next = None;
+    }
+
+    /// The container engine restarts at `now`, down for `down`.
+    pub fn restart_engine(&mut self, now: UnixMillis, down: Duration, books: &mut Books<'_>) {
+        self.replica_lost |= self.host.replica_up();
+        self.host
+            .restart_engine(moment(self.origin, now), down, books);
+        self.next = None;
+    }
+
+    /// The checkpoint volume reads full until `until`.
+    pub fn fill_disk(&mut self, until: UnixMillis) {
+        self.host.fill_disk(moment(self.origin, until));
         self.next = None;
     }
 
@@ -261,6 +321,8 @@ impl SimHost {
             Some(agent) => {
                 agent.tick(at, &mut self.host, books);
                 self.next = agent.next_tick(&self.host);
+                let lent = agent.desired().is_some_and(|d| !d.serve);
+                self.replica_lost &= !self.host.replica_up() && !lent;
             }
             None => {
                 self.host.advance(at, books);

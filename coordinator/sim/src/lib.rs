@@ -24,6 +24,7 @@ pub mod report;
 pub mod rng;
 pub mod timeline;
 pub mod trace;
+pub mod vopr;
 pub mod world;
 
 use std::str::FromStr;

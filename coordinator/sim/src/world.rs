@@ -3,7 +3,7 @@
 //! faults, serves the second's arrivals, lets every host act on its desired state, delivers
 //! heartbeats, tops up the backlog, ticks the controller and checks the invariants.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::UnixMillis;
@@ -43,6 +43,8 @@ pub struct Outcome {
     pub timeline: Vec<MinuteSample>,
     pub violations: Vec<String>,
     pub violation_count: u64,
+    /// The second the run ended at its first violation, when asked to.
+    pub stopped_at_s: Option<u64>,
 }
 
 pub struct World<'a> {
@@ -66,6 +68,30 @@ pub struct World<'a> {
     starved: Vec<(u64, f64)>,
     /// Preemptions up to the end of the last minute closed.
     preempted: u64,
+    /// Jobs that ignore their checkpoint signal (a fault).
+    stubborn: BTreeSet<u64>,
+    /// When a coordinator that is down restarts.
+    restart_at: Option<UnixMillis>,
+    /// Ends the run at the first invariant violation (the fault simulation's search).
+    pub stop_at_first_violation: bool,
+}
+
+/// The jobs' side of the hosts for one step.
+fn books<'a>(
+    cfg: &SimConfig,
+    jobs: &'a mut BTreeMap<u64, SimJob>,
+    ledger: &'a mut crate::ledger::Ledger,
+    stubborn: &'a BTreeSet<u64>,
+) -> Books<'a> {
+    Books {
+        origin: ORIGIN,
+        jobs,
+        ledger,
+        save: Duration::from_secs(cfg.lifecycle.checkpoint_save_s.max(1)),
+        drain: Duration::from_secs_f64(cfg.replica.latency_s()),
+        stubborn,
+        settled: false,
+    }
 }
 
 /// Per-minute SLO bookkeeping.
@@ -113,6 +139,9 @@ impl<'a> World<'a> {
             queued: 0.0,
             starved: Vec::new(),
             preempted: 0,
+            stubborn: BTreeSet::new(),
+            restart_at: None,
+            stop_at_first_violation: false,
         }
     }
 
@@ -142,6 +171,10 @@ impl<'a> World<'a> {
             if s % 60 == 59 || s + 1 == horizon {
                 self.close_minute(s / 60, std::mem::take(&mut minute));
             }
+            if self.stop_at_first_violation && self.out.violation_count > 0 {
+                self.out.stopped_at_s = Some(s);
+                break;
+            }
         }
         // Arrivals still waiting for a ready replica at the end waited at least until then.
         for (t, _) in std::mem::take(&mut self.starved) {
@@ -157,29 +190,59 @@ impl<'a> World<'a> {
 
     fn inject(&mut self, now: UnixMillis, f: Fault) {
         let lc = &self.cfg.lifecycle;
+        let until = |default_s: u64| now + f.for_s.unwrap_or(default_s) * 1_000;
+        let node = f.node.min(self.nodes.len().saturating_sub(1));
         match f.kind {
             FaultKind::CoordinatorRestart => {
                 let lost = self.controller.restart(now);
                 self.record(now, lost);
             }
-            FaultKind::AgentCrash => {
-                if let Some(n) = self.nodes.get_mut(f.node) {
-                    n.fail(Outage::Crashed {
-                        until: now + lc.agent_restart_s * 1_000,
-                    });
+            FaultKind::CoordinatorDown => {
+                let back = until(lc.partition_s);
+                for n in &mut self.nodes {
+                    n.fail(Outage::Partitioned { until: back });
                 }
+                self.restart_at = Some(self.restart_at.map_or(back, |t| t.max(back)));
             }
-            FaultKind::Partition => {
-                if let Some(n) = self.nodes.get_mut(f.node) {
-                    n.fail(Outage::Partitioned {
-                        until: now + lc.partition_s * 1_000,
-                    });
-                }
+            FaultKind::AgentCrash => self.nodes[node].fail(Outage::Crashed {
+                until: until(lc.agent_restart_s),
+            }),
+            FaultKind::Partition => self.nodes[node].fail(Outage::Partitioned {
+                until: until(lc.partition_s),
+            }),
+            FaultKind::HeartbeatLoss => self.nodes[node].fail(Outage::Deaf {
+                until: until(lc.partition_s),
+            }),
+            FaultKind::DesiredLoss => self.nodes[node].fail(Outage::Muted {
+                until: until(lc.partition_s),
+            }),
+            FaultKind::EngineRestart => {
+                let down = Duration::from_secs(f.for_s.unwrap_or(10));
+                let World {
+                    nodes,
+                    jobs,
+                    out,
+                    stubborn,
+                    cfg,
+                    ..
+                } = self;
+                let mut books = books(cfg, jobs, &mut out.ledger, stubborn);
+                nodes[node].restart_engine(now, down, &mut books);
             }
+            FaultKind::StubbornJobs => {
+                let live: Vec<u64> = self.nodes[node].host.live_jobs().collect();
+                self.stubborn.extend(live);
+            }
+            FaultKind::DiskFull => self.nodes[node].fill_disk(until(600)),
         }
     }
 
     fn heal(&mut self, now: UnixMillis) {
+        if self.restart_at.is_some_and(|t| now >= t) {
+            self.restart_at = None;
+            let lost = self.controller.restart(now);
+            self.record(now, lost);
+        }
         for i in 0..self.nodes.len() {
             if self.nodes[i].heal(now) {
                 let (name, inv) = (self.nodes[i].name.clone(), self.nodes[i].inventory());
@@ -243,15 +306,7 @@ impl<'a> World<'a> {
 
     /// Each host fetches a changed desired state (the long-poll) and acts for one second.
     fn act(&mut self, now: UnixMillis) {
-        let lc = &self.cfg.lifecycle;
-        let mut books = Books {
-            origin: ORIGIN,
-            jobs: &mut self.jobs,
-            ledger: &mut self.out.ledger,
-            save: Duration::from_secs(lc.checkpoint_save_s.max(1)),
-            drain: Duration::from_secs_f64(self.cfg.replica.latency_s()),
-            settled: false,
-        };
+        let mut books = books(self.cfg, &mut self.jobs, &mut self.out.ledger, &self.stubborn);
         for node in self.controller.moved() {
             if let Ok(i) = self
                 .nodes
@@ -261,7 +316,7 @@ impl<'a> World<'a> {
             }
         }
         for (n, woken) in self.nodes.iter_mut().zip(&mut self.woken) {
-            if *woken && n.reachable() && n.agent.is_some() {
+            if *woken && n.hears() {
                 *woken = false;
                 let v = self.controller.version(&n.name);
                 if v.is_some()
@@ -286,7 +341,7 @@ impl<'a> World<'a> {
     fn beat(&mut self, s: u64, now: UnixMillis) {
         let every = self.cfg.heartbeat_s.max(1);
         for (i, n) in self.nodes.iter_mut().enumerate() {
-            if !n.reachable() || !(s + i as u64).is_multiple_of(every) {
+            if !n.sends() || !(s + i as u64).is_multiple_of(every) {
                 continue;
             }
             let Some(beat) = n.heartbeat() else {
@@ -335,6 +390,21 @@ impl<'a> World<'a> {
         for n in self.nodes.iter().filter(|n| n.stepped) {
             if let Err(e) = n.host.check_owners() {
                 found.push(e);
+            }
+        }
+        // One live attempt per job (invariant 4): no job's container lives on two hosts, or
+        // twice on one.
+        if self.nodes.iter().any(|n| n.stepped) {
+            let mut seen: BTreeMap<u64, &str> = BTreeMap::new();
+            for n in &self.nodes {
+                for job in n.host.live_jobs() {
+                    if let Some(other) = seen.insert(job, &n.name) {
+                        found.push(format!(
+                            "job {job} has live containers on {other} and {}",
+                            n.name
+                        ));
+                    }
+                }
             }
         }
         let up = self.nodes.iter().filter(|n| n.up()).count();

@@ -1,6 +1,6 @@
 //! The planner's key decisions, pure: no runtime, no fake, a time made up by the test.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::{
@@ -479,7 +479,7 @@ fn before_the_coordinator_answers_a_running_replica_is_adopted_and_nothing_else_
 
 #[test]
 fn a_stale_lease_is_refused() {
-    let fenced = HashMap::from([(0, 5), (1, 5)]);
+    let fenced = BTreeMap::from([(0, 5), (1, 5)]);
     let (ok, stale) = honoured(
         &[
             lease(1, 5, vec![0]),
@@ -507,7 +507,7 @@ fn a_started_lease_fences_its_gpus_against_every_lower_epoch() {
     // A lease seen later with a lower epoch (a coordinator restored from an older state)
     // never lowers the fence.
     mem.fence(&lease(2, 4, vec![1]));
-    assert_eq!(mem.fenced, HashMap::from([(0, 7), (1, 7)]));
+    assert_eq!(mem.fenced, BTreeMap::from([(0, 7), (1, 7)]));
     let (ok, stale) = honoured(
         &[lease(3, 6, vec![1]), lease(4, 8, vec![0, 2])],
         &mem.fenced,
@@ -555,7 +555,7 @@ fn a_job_that_exited_while_the_engine_was_away_counts_as_stopped_by_the_host() {
         .collect();
     assert_eq!(stopped, ["a"]);
     assert!(mem.stopped.contains("a") && !mem.stopped.contains("c"));
-    assert_eq!(mem.running_jobs, HashSet::from(["b".to_owned()]));
+    assert_eq!(mem.running_jobs, BTreeSet::from(["b".to_owned()]));
     // Once back, nothing more is put on the engine's account.
     let later = [job("b", &b, ContainerState::Exited { exit_code: 0 })];
     assert!(mem.engine_seen(&later).is_empty());
@@ -682,7 +682,7 @@ fn every_listed_lease_its_unlisted_containers_and_unheard_start_failures_are_rep
     ];
     obs.containers[0].image = "r/trainer@sha256:ab".into();
     obs.missing_images.insert("absent:1".into());
-    let facts = HashMap::from([(
+    let facts = BTreeMap::from([(
         1,
         RunFacts {
             last_checkpoint_at: Some(42),
