@@ -87,9 +87,10 @@ enum Vllm {
     Waking {
         at: Moment,
     },
-    /// Signalled: its container exits then.
+    /// Signalled: its container exits then (asleep, it holds only its context until then).
     Stopping {
         exits_at: Moment,
+        asleep: bool,
     },
     Exited,
 }
@@ -210,7 +211,7 @@ impl Host {
         let replica = self.replica.as_ref().and_then(|r| match r.vllm {
             Vllm::Loading { healthy_at } => Some(healthy_at),
             Vllm::FallingAsleep { at } | Vllm::Waking { at } => Some(at),
-            Vllm::Stopping { exits_at } => Some(exits_at),
+            Vllm::Stopping { exits_at, .. } => Some(exits_at),
             Vllm::Up | Vllm::Asleep | Vllm::Exited => None,
         });
         let jobs = self.jobs.iter().filter_map(|j| match j.run {
@@ -242,7 +243,7 @@ impl Host {
                     Some(Vllm::Up)
                 }
                 Vllm::FallingAsleep { at } if at <= now => Some(Vllm::Asleep),
-                Vllm::Stopping { exits_at } if exits_at <= now => Some(Vllm::Exited),
+                Vllm::Stopping { exits_at, .. } if exits_at <= now => Some(Vllm::Exited),
                 _ => None,
             };
             if let Some(v) = next {
@@ -374,7 +375,7 @@ impl Host {
         let t = &self.timings;
         let replica = self.replica.as_ref().map_or(0, |r| match r.vllm {
             Vllm::Exited => 0,
-            Vllm::Asleep => t.asleep_memory,
+            Vllm::Asleep | Vllm::Stopping { asleep: true, .. } => t.asleep_memory,
             _ => t.replica_memory,
         });
         let jobs = self
@@ -418,10 +419,13 @@ impl Host {
         if let Some(r) = self.replica.as_mut().filter(|r| r.id == id) {
             return match r.vllm {
                 Vllm::Exited => now,
-                Vllm::Stopping { exits_at } => exits_at,
-                _ => {
+                Vllm::Stopping { exits_at, .. } => exits_at,
+                v => {
                     let exits_at = now + self.timings.replica_stop.min(grace);
-                    r.vllm = Vllm::Stopping { exits_at };
+                    r.vllm = Vllm::Stopping {
+                        exits_at,
+                        asleep: v == Vllm::Asleep,
+                    };
                     exits_at
                 }
             };
@@ -524,10 +528,12 @@ impl Host {
         if let Some(stale) = self.stale_starts.first() {
             return Err(stale.clone());
         }
-        let replica_holds = self
-            .replica
-            .as_ref()
-            .is_some_and(|r| !matches!(r.vllm, Vllm::Asleep | Vllm::Exited));
+        let replica_holds = self.replica.as_ref().is_some_and(|r| {
+            !matches!(
+                r.vllm,
+                Vllm::Asleep | Vllm::Exited | Vllm::Stopping { asleep: true, .. }
+            )
+        });
         let holds = |j: &&Job, g: u32| j.live() && j.lease.gpus.contains(&g);
         for g in 0..self.gpus {
             let jobs = self.jobs.iter().filter(|j| holds(j, g)).count();
@@ -577,7 +583,10 @@ impl Host {
 
     /// The jobs whose containers are live on the host.
     pub fn live_jobs(&self) -> impl Iterator<Item = u64> + '_ {
-        self.jobs.iter().filter(|j| j.live()).map(|j| j.lease.job_id)
+        self.jobs
+            .iter()
+            .filter(|j| j.live())
+            .map(|j| j.lease.job_id)
     }
 
     /// The live job containers' runs, for the caller's books at the end of a simulation:

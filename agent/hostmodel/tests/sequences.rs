@@ -222,11 +222,13 @@ fn a_lease_older_than_the_epoch_a_gpu_ran_is_never_started() {
 #[test]
 fn a_restarted_agent_fails_safe_once_in_touch_and_cut_off_again() {
     let mut rig = Rig::new(PlanConfig::default());
-    rig.agent.receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
+    rig.agent
+        .receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
     rig.until(60, "the job starts", |r| r.host.lent());
     // The agent process restarts: a new memory, no contact yet; the job runs on.
     rig.agent = Agent::new(PlanConfig::default(), 2, 1_000_000);
-    rig.agent.receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
+    rig.agent
+        .receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
     rig.run(120);
     assert!(rig.host.lent());
     assert_eq!(rig.runs(), vec![(1, JobRunState::Running)]);

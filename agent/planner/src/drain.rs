@@ -10,6 +10,7 @@
 use nightshift_common::{ReplicaState, SequenceKind};
 
 use crate::config::{PlanConfig, ReclaimMode};
+use crate::container::{ContainerState, gpus_of, jobs};
 use crate::lifecycle::ReplicaEvent;
 use crate::plan::{Health, Memory, Note, Observation, Phase, Step, busy};
 use crate::time::Moment;
@@ -111,7 +112,9 @@ pub fn plan(cfg: &PlanConfig, obs: &Observation, mem: &Memory, now: Moment) -> V
 
 /// After the sleep: vLLM must say it sleeps, and NVML show at most
 /// `replica.sleep_max_used_bytes` on every GPU within `replica.sleep_free_timeout_s`; else
-/// the replica is stopped.
+/// the replica is stopped. A GPU a running job holds is not weighed: its memory is the
+/// job's (an agent restarted mid-lend finds the replica asleep and the jobs running; found
+/// by the fault simulation, seed 99).
 fn confirm_asleep(
     cfg: &PlanConfig,
     obs: &Observation,
@@ -127,7 +130,17 @@ fn confirm_asleep(
     }
     let limit = cfg.sleep_max_used_bytes;
     let timeout = cfg.sleep_free_timeout;
-    match busy(obs, &obs.gpus, limit, began, now, timeout) {
+    let held: Vec<u32> = jobs(&obs.containers)
+        .filter(|c| c.state == ContainerState::Running)
+        .flat_map(gpus_of)
+        .collect();
+    let weighed: Vec<u32> = obs
+        .gpus
+        .iter()
+        .copied()
+        .filter(|g| !held.contains(g))
+        .collect();
+    match busy(obs, &weighed, limit, began, now, timeout) {
         None => vec![
             Step::Replica(ReplicaEvent::Slept),
             Step::Record {

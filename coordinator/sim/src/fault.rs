@@ -72,7 +72,13 @@ pub struct Fault {
 
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "t={}s {} node-{:03}", self.at_s, self.kind.name(), self.node)?;
+        write!(
+            f,
+            "t={}s {} node-{:03}",
+            self.at_s,
+            self.kind.name(),
+            self.node
+        )?;
         if let Some(d) = self.for_s {
             write!(f, " for {d}s")?;
         }

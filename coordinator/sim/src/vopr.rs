@@ -28,6 +28,7 @@ use crate::baseline;
 use crate::config::SimConfig;
 use crate::controller::{CoreController, NoForecast};
 use crate::fault::{Fault, FaultKind};
+use crate::model::Release;
 use crate::rng::Rng;
 use crate::trace::{Trace, TraceData};
 use crate::world::World;
@@ -54,7 +55,8 @@ impl Default for VoprConfig {
 
 impl VoprConfig {
     /// The fleet of seed `seed`: small and quick to change (a one-minute cold start, jobs of
-    /// minutes to an hour), so that a day sees hundreds of drains and reclaims.
+    /// minutes to an hour), so that a day sees hundreds of drains and reclaims. Odd seeds
+    /// lend by putting vLLM to sleep, even ones by stopping it.
     pub fn sim_config(&self, seed: u64) -> SimConfig {
         let mut cfg = SimConfig {
             nodes: self.nodes,
@@ -66,6 +68,9 @@ impl VoprConfig {
             ..SimConfig::default()
         };
         cfg.lifecycle.cold_start_s = 60;
+        if seed % 2 == 1 {
+            cfg.lifecycle.release = Release::Sleep;
+        }
         for class in &mut cfg.mix {
             class.run_hours = (0.1, 1.0);
         }

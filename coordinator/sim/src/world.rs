@@ -306,7 +306,12 @@ impl<'a> World<'a> {
 
     /// Each host fetches a changed desired state (the long-poll) and acts for one second.
     fn act(&mut self, now: UnixMillis) {
-        let mut books = books(self.cfg, &mut self.jobs, &mut self.out.ledger, &self.stubborn);
+        let mut books = books(
+            self.cfg,
+            &mut self.jobs,
+            &mut self.out.ledger,
+            &self.stubborn,
+        );
         for node in self.controller.moved() {
             if let Ok(i) = self
                 .nodes

@@ -16,7 +16,11 @@ fn seeds_under_every_kind_of_fault_keep_every_invariant() {
             eprintln!("  {fault}");
         }
     }
-    assert!(summary.failures.is_empty(), "{} seeds failed", summary.failures.len());
+    assert!(
+        summary.failures.is_empty(),
+        "{} seeds failed",
+        summary.failures.len()
+    );
     assert_eq!(summary.seeds, 8);
     assert!((summary.host_hours - 8.0 * 8.0 * 24.0).abs() < 1e-6);
     // Every kind of fault was injected.

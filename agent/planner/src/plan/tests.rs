@@ -242,6 +242,45 @@ fn in_sleep_mode_the_idle_replica_is_put_to_sleep_and_stopped_if_memory_stays() 
 }
 
 #[test]
+fn an_agent_restarted_mid_lend_in_sleep_mode_keeps_the_sleeping_replica() {
+    // Found by the fault simulation (seed 99): the agent restarts while its job runs beside
+    // the sleeping replica; the job's memory is not the replica's failure to release its own.
+    let (mut cfg, t0) = (cfg(), t0());
+    cfg.reclaim = ReclaimMode::Sleep;
+    let l = [lease(1, 1, vec![0, 1])];
+    let lend = desired(false, &l);
+    let mut obs = serving_host(0.0, GIB / 2);
+    obs.replica.as_mut().unwrap().is_sleeping = Some(true);
+    obs.containers
+        .push(job("j1", &l[0], ContainerState::Running));
+    let gpu_memory = obs.gpu_memory.as_mut().unwrap();
+    for g in [0, 1] {
+        gpu_memory.insert(g, 60 * GIB);
+    }
+    let fresh = memory(ReplicaState::Stopped, None);
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &fresh, t0),
+        [
+            Step::Replica(ReplicaEvent::DrainBegan),
+            Step::Enter(Some(Phase::ConfirmAsleep))
+        ]
+    );
+    let confirming = memory(ReplicaState::Draining, Some((Phase::ConfirmAsleep, t0)));
+    assert_eq!(
+        plan(&cfg, Some(&lend), &l, &obs, &confirming, t0)[0],
+        Step::Replica(ReplicaEvent::Slept)
+    );
+    // A GPU no job holds is still weighed: the replica's own memory there stops it.
+    obs.gpu_memory.as_mut().unwrap().insert(3, 20 * GIB);
+    let late = t0 + cfg.sleep_free_timeout;
+    let steps = plan(&cfg, Some(&lend), &l, &obs, &confirming, late);
+    assert!(
+        steps.iter().any(|s| matches!(s, Step::StopReplica { .. })),
+        "{steps:?}"
+    );
+}
+
+#[test]
 fn a_drain_is_abandoned_when_the_node_should_serve_again() {
     let (cfg, t0) = (cfg(), t0());
     let mem = memory(ReplicaState::Draining, Some((Phase::WaitInFlight, t0)));
