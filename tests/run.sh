@@ -125,6 +125,14 @@ part "the PostgreSQL start" start_postgres
 part "the tests" cargo test --workspace "$@"
 cargo run -q -p nightshift-tests --bin nightshift-logscan -- "$NIGHTSHIFT_TEST_LOGS"
 
+# The whole-system fault simulation (docs/RELIABILITY.md): seeds of a simulated day of a small
+# fleet under nine kinds of fault, the real core and the agent's real planner deciding, every
+# invariant checked each simulated second; a failing seed fails the run, named with the
+# faults that reproduce it. Then the same search must find a bug planted in the planner.
+part "the fault simulation" target/debug/nightshift vopr --seeds 200
+part "the fault simulation's planted bug" \
+    cargo test -q -p nightshift-sim --features inject-late-failsafe --test vopr
+
 # The cluster rig: 3 hosts, each a network namespace with its own dockerd and agent, and
 # issue 18's scenarios on it (tests/cluster/scenarios.sh, docs/CLUSTER.md), then the fault
 # harness on a fresh one. Needs root.

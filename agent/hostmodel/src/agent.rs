@@ -80,6 +80,8 @@ pub struct Agent {
     last_contact: Option<Moment>,
     /// Quiet until then; `None`: the next tick passes.
     due: Option<Moment>,
+    /// The last pass planned nothing: `due` is a deadline of the memory.
+    quiet: bool,
     blocked: Option<Blocked>,
     /// The runs published by the latest round (what a heartbeat reports).
     runs: Vec<JobRun>,
@@ -101,6 +103,7 @@ impl Agent {
             heard: None,
             last_contact: None,
             due: None,
+            quiet: false,
             blocked: None,
             runs: Vec::new(),
             phases: VecDeque::new(),
@@ -161,8 +164,24 @@ impl Agent {
             if !self.settle(flow, now) {
                 return;
             }
-        } else if self.due.is_some_and(|d| now < d) {
-            return;
+        } else if let Some(due) = self.due {
+            if now < due {
+                return;
+            }
+            // Woken by a deadline of a quiet agent's memory: the fail-safe's has moved later
+            // with every contact since, and until the latest one a round would plan nothing.
+            if self.quiet
+                && let Some(later) = pass::next_deadline(
+                    &self.cfg,
+                    self.heard.as_ref(),
+                    self.last_contact,
+                    &self.mem,
+                )
+                .filter(|t| *t > now)
+            {
+                self.due = Some(later);
+                return;
+            }
         }
         self.rounds(now, host, workload);
     }
@@ -200,6 +219,7 @@ impl Agent {
                 // reads changes; one that removed containers passes again a poll later, as
                 // the agent's next pass would.
                 self.applied_version = self.heard.as_ref().map_or(0, |d| d.version);
+                self.quiet = steps_were_empty;
                 self.due = Some(if steps_were_empty {
                     pass::next_deadline(
                         &self.cfg,
@@ -223,6 +243,7 @@ impl Agent {
 
     /// After a plan's steps: true when the pass plans again at once.
     fn settle(&mut self, flow: Flow, now: Moment) -> bool {
+        self.quiet = false;
         match flow {
             Flow::Next => true,
             Flow::Wait => {
