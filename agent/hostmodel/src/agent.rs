@@ -80,7 +80,8 @@ pub struct Agent {
     last_contact: Option<Moment>,
     /// Quiet until then; `None`: the next tick passes.
     due: Option<Moment>,
-    /// The last pass planned nothing: `due` is a deadline of the memory.
+    /// The last pass planned nothing: `due` is the memory's next deadline, which moves
+    /// with every contact.
     quiet: bool,
     blocked: Option<Blocked>,
     /// The runs published by the latest round (what a heartbeat reports).
@@ -123,20 +124,33 @@ impl Agent {
     pub fn receive(&mut self, desired: DesiredNode) {
         if pass::supersedes(&desired, self.heard.as_ref()) {
             self.heard = Some(desired);
-            self.due = None;
+            self.wake();
         }
     }
 
-    /// The coordinator acknowledged the heartbeat sent at `at`.
+    /// The coordinator acknowledged the heartbeat sent at `at`. Back in touch after a
+    /// silence, the fail-safe has something to say; a quiet agent's deadline moves with the
+    /// contact (the first one starts the fail-safe's clock).
     pub fn contact(&mut self, at: Moment) {
-        let first = self.last_contact.replace(at).is_none();
-        // The first contact starts the fail-safe's clock, which a quiet agent must wake for;
-        // back in touch after a silence, the fail-safe has something to say. (Later
-        // contacts only move the deadline later: the agent wakes at the old one and waits
-        // again.)
-        if first || self.mem.silence_logged {
-            self.due = None;
+        self.last_contact = Some(at);
+        if self.mem.silence_logged {
+            self.wake();
+        } else if self.quiet {
+            self.due = Some(self.deadline());
         }
+    }
+
+    /// Something the agent reads changed: it passes at the next tick.
+    fn wake(&mut self) {
+        self.due = None;
+        self.quiet = false;
+    }
+
+    /// When a quiet agent must look again with nothing it observes changed: the next
+    /// deadline of its memory ([`pass::next_deadline`]), or never.
+    fn deadline(&self) -> Moment {
+        pass::next_deadline(&self.cfg, self.heard.as_ref(), self.last_contact, &self.mem)
+            .unwrap_or(Moment::from_origin(Duration::MAX))
     }
 
     /// The earliest moment the agent has anything to do on `host`; `None`: at the next tick.
@@ -152,7 +166,7 @@ impl Agent {
     /// runs, if either is due.
     pub fn tick(&mut self, now: Moment, host: &mut Host, workload: &mut dyn Workload) {
         if host.advance(now, workload) {
-            self.due = None;
+            self.wake();
         }
         if let Some(b) = self.blocked.take() {
             if now < b.until {
@@ -164,24 +178,8 @@ impl Agent {
             if !self.settle(flow, now) {
                 return;
             }
-        } else if let Some(due) = self.due {
-            if now < due {
-                return;
-            }
-            // Woken by a deadline of a quiet agent's memory: the fail-safe's has moved later
-            // with every contact since, and until the latest one a round would plan nothing.
-            if self.quiet
-                && let Some(later) = pass::next_deadline(
-                    &self.cfg,
-                    self.heard.as_ref(),
-                    self.last_contact,
-                    &self.mem,
-                )
-                .filter(|t| *t > now)
-            {
-                self.due = Some(later);
-                return;
-            }
+        } else if self.due.is_some_and(|d| now < d) {
+            return;
         }
         self.rounds(now, host, workload);
     }
@@ -221,13 +219,7 @@ impl Agent {
                 self.applied_version = self.heard.as_ref().map_or(0, |d| d.version);
                 self.quiet = steps_were_empty;
                 self.due = Some(if steps_were_empty {
-                    pass::next_deadline(
-                        &self.cfg,
-                        self.heard.as_ref(),
-                        self.last_contact,
-                        &self.mem,
-                    )
-                    .unwrap_or(Moment::from_origin(Duration::MAX))
+                    self.deadline()
                 } else {
                     now + POLL
                 });

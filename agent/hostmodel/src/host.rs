@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use nightshift_common::{LeaseGrant, labels};
+use nightshift_common::{GpuInfo, LeaseGrant, labels};
 use nightshift_planner::{Container, ContainerState, Health, Moment, Observation, ReplicaProbe};
 
 /// How long the host's transitions take, and what they hold of each GPU's memory.
@@ -152,6 +152,7 @@ pub struct Host {
     started_epochs: BTreeMap<u32, u64>,
     /// Starts under an epoch older than one already started on the GPU.
     stale_starts: Vec<String>,
+    job_starts: u64,
 }
 
 /// The container engine did not answer.
@@ -176,6 +177,7 @@ impl Host {
             disk_full_until: None,
             started_epochs: BTreeMap::new(),
             stale_starts: Vec::new(),
+            job_starts: 0,
         }
     }
 
@@ -191,6 +193,24 @@ impl Host {
     /// The host's GPUs by index.
     pub fn gpu_indices(&self) -> Vec<u32> {
         (0..self.gpus).collect()
+    }
+
+    /// The host's GPUs as NVML lists them when the agent registers (80 GiB each).
+    pub fn inventory(&self) -> Vec<GpuInfo> {
+        (0..self.gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{}-{i}", self.name),
+                name: "sim-h100".into(),
+                memory_total_bytes: 80 << 30,
+            })
+            .collect()
+    }
+
+    /// Job containers started on the host so far: a caller that checks something of every
+    /// start need look again only when this moved.
+    pub fn job_starts(&self) -> u64 {
+        self.job_starts
     }
 
     /// The replica has requests in flight until `until` (its share of the traffic, and how
@@ -478,6 +498,7 @@ impl Host {
             }
             *seen = (*seen).max(lease.epoch);
         }
+        self.job_starts += 1;
         let id = self.new_id("job");
         self.jobs.push(Job {
             container: Container {
@@ -581,16 +602,7 @@ impl Host {
         self.disk_full_until = Some(until);
     }
 
-    /// The jobs whose containers are live on the host.
-    pub fn live_jobs(&self) -> impl Iterator<Item = u64> + '_ {
-        self.jobs
-            .iter()
-            .filter(|j| j.live())
-            .map(|j| j.lease.job_id)
-    }
-
-    /// The live job containers' runs, for the caller's books at the end of a simulation:
-    /// (job, GPUs, started).
+    /// The live job containers' runs: (job, GPUs, started).
     pub fn live_runs(&self) -> impl Iterator<Item = (u64, &[u32], Moment)> {
         self.jobs
             .iter()

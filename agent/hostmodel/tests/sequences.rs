@@ -110,6 +110,14 @@ impl Rig {
         self.t - from
     }
 
+    /// Cuts the coordinator off; the seconds until the fail-safe signals a job.
+    fn cut_off_until_the_fail_safe_acts(&mut self) -> u64 {
+        self.connected = false;
+        self.until(30, "the fail-safe signals the job", |r| {
+            r.runs().iter().any(|(_, s)| *s == JobRunState::Stopping)
+        })
+    }
+
     fn runs(&self) -> Vec<(u64, JobRunState)> {
         self.agent
             .heartbeat(&self.host, &ServingSignals::default())
@@ -191,13 +199,8 @@ fn a_silent_coordinator_stops_the_job_after_the_ttl_and_the_host_serves() {
     rig.agent
         .receive(desired(2, vec![lease(1, 1, &[0, 1, 2, 3])]));
     rig.until(60, "the job starts", |r| r.host.lent());
-    rig.connected = false;
-    let silent_at = rig.t;
-    rig.until(30, "the fail-safe signals the job", |r| {
-        r.runs().iter().any(|(_, s)| *s == JobRunState::Stopping)
-    });
     // Counted from the last acknowledged heartbeat: past the 10 s TTL, within a tick.
-    assert_eq!(rig.t - silent_at, 11);
+    assert_eq!(rig.cut_off_until_the_fail_safe_acts(), 11);
     rig.until(300, "the replica serves", |r| r.agent.ready());
     let beat = rig.agent.heartbeat(&rig.host, &ServingSignals::default());
     assert_eq!(beat.expired_leases, vec![1]);
@@ -233,10 +236,5 @@ fn a_restarted_agent_fails_safe_once_in_touch_and_cut_off_again() {
     assert!(rig.host.lent());
     assert_eq!(rig.runs(), vec![(1, JobRunState::Running)]);
     // In touch since; now cut off: the fail-safe acts past the TTL, as before the restart.
-    rig.connected = false;
-    let silent_at = rig.t;
-    rig.until(30, "the fail-safe signals the job", |r| {
-        r.runs().iter().any(|(_, s)| *s == JobRunState::Stopping)
-    });
-    assert_eq!(rig.t - silent_at, 11);
+    assert_eq!(rig.cut_off_until_the_fail_safe_acts(), 11);
 }

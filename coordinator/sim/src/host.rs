@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use nightshift_common::{GpuInfo, Heartbeat, ServingSignals, UnixMillis};
+use nightshift_common::{Heartbeat, ServingSignals, UnixMillis};
 use nightshift_hostmodel::{Agent, Exit, Host, Timings, Workload};
 use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
 
@@ -95,8 +95,6 @@ pub struct Books<'a> {
     pub ledger: &'a mut Ledger,
     /// Time a job needs to save its checkpoint when signalled.
     pub save: Duration,
-    /// How long a ready replica's requests in flight take to finish (a drain's wait).
-    pub drain: Duration,
     /// Jobs that ignore their checkpoint signal (killed when their grace runs out).
     pub stubborn: &'a BTreeSet<u64>,
     /// A job's exit changed its progress (which other runs of the job read).
@@ -150,7 +148,6 @@ impl Workload for NoJobs {
 /// One simulated host and its agent.
 pub struct SimHost {
     pub name: String,
-    gpus: u32,
     pub host: Host,
     /// The agent process; `None` while it is crashed.
     pub agent: Option<Agent>,
@@ -178,7 +175,6 @@ impl SimHost {
         let cfg = plan_config(lifecycle);
         let mut host = Self {
             name: name.to_owned(),
-            gpus,
             host: Host::serving(name, gpus, timings(lifecycle)),
             agent: None,
             cfg,
@@ -203,17 +199,6 @@ impl SimHost {
         self.incarnations += 1;
         self.agent = Some(Agent::new(self.cfg.clone(), self.incarnations, self.origin));
         self.next = None;
-    }
-
-    pub fn inventory(&self) -> Vec<GpuInfo> {
-        (0..self.gpus)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{}-{i}", self.name),
-                name: "sim-h100".into(),
-                memory_total_bytes: 80 << 30,
-            })
-            .collect()
     }
 
     /// The load balancer sends the replica requests: its agent says it is ready, or, with the
@@ -306,8 +291,8 @@ impl SimHost {
     }
 
     /// One second of the host at `now`: its timers turn and its agent acts, when anything
-    /// is due.
-    pub fn step(&mut self, now: UnixMillis, books: &mut Books<'_>) {
+    /// is due. A ready replica's requests in flight take `drain` to finish.
+    pub fn step(&mut self, now: UnixMillis, drain: Duration, books: &mut Books<'_>) {
         let at = moment(self.origin, now);
         self.stepped = self.next.is_none_or(|t| at >= t);
         if !self.stepped {
@@ -315,7 +300,7 @@ impl SimHost {
         }
         if self.ready() {
             // vLLM's requests in flight: the last one arrived now and takes the drain time.
-            self.host.load(at + books.drain);
+            self.host.load(at + drain);
         }
         match &mut self.agent {
             Some(agent) => {

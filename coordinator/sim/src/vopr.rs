@@ -245,11 +245,8 @@ pub fn run(seeds: Range<u64>, cfg: &VoprConfig) -> Summary {
         let seed = list[i];
         let sim = cfg.sim_config(seed);
         let run = run_seed(seed, cfg, &faults(seed, cfg, &sim));
-        if run.failed() {
-            (run.clone(), Some(shrink(&run, cfg)))
-        } else {
-            (run, None)
-        }
+        let shrunk = run.failed().then(|| shrink(&run, cfg));
+        (run, shrunk)
     });
     let mut summary = Summary {
         seeds: list.len() as u64,

@@ -74,6 +74,8 @@ pub struct World<'a> {
     restart_at: Option<UnixMillis>,
     /// Ends the run at the first invariant violation (the fault simulation's search).
     pub stop_at_first_violation: bool,
+    /// The hosts' job starts when the fleet was last checked for a job living twice.
+    starts_checked: u64,
 }
 
 /// The jobs' side of the hosts for one step.
@@ -88,7 +90,6 @@ fn books<'a>(
         jobs,
         ledger,
         save: Duration::from_secs(cfg.lifecycle.checkpoint_save_s.max(1)),
-        drain: Duration::from_secs_f64(cfg.replica.latency_s()),
         stubborn,
         settled: false,
     }
@@ -121,7 +122,7 @@ impl<'a> World<'a> {
             })
             .collect();
         for n in &nodes {
-            if let Err(e) = controller.register(ORIGIN, &n.name, n.inventory()) {
+            if let Err(e) = controller.register(ORIGIN, &n.name, n.host.inventory()) {
                 out.violations.push(format!("register {}: {e}", n.name));
             }
         }
@@ -142,6 +143,7 @@ impl<'a> World<'a> {
             stubborn: BTreeSet::new(),
             restart_at: None,
             stop_at_first_violation: false,
+            starts_checked: 0,
         }
     }
 
@@ -230,7 +232,11 @@ impl<'a> World<'a> {
                 nodes[node].restart_engine(now, down, &mut books);
             }
             FaultKind::StubbornJobs => {
-                let live: Vec<u64> = self.nodes[node].host.live_jobs().collect();
+                let live: Vec<u64> = self.nodes[node]
+                    .host
+                    .live_runs()
+                    .map(|(job, _, _)| job)
+                    .collect();
                 self.stubborn.extend(live);
             }
             FaultKind::DiskFull => self.nodes[node].fill_disk(until(600)),
@@ -245,7 +251,7 @@ impl<'a> World<'a> {
         }
         for i in 0..self.nodes.len() {
             if self.nodes[i].heal(now) {
-                let (name, inv) = (self.nodes[i].name.clone(), self.nodes[i].inventory());
+                let (name, inv) = (self.nodes[i].name.clone(), self.nodes[i].host.inventory());
                 if let Err(e) = self.controller.register(now, &name, inv) {
                     self.record(now, vec![format!("register {name}: {e}")]);
                 }
@@ -306,6 +312,7 @@ impl<'a> World<'a> {
 
     /// Each host fetches a changed desired state (the long-poll) and acts for one second.
     fn act(&mut self, now: UnixMillis) {
+        let drain = Duration::from_secs_f64(self.cfg.replica.latency_s());
         let mut books = books(
             self.cfg,
             &mut self.jobs,
@@ -331,7 +338,7 @@ impl<'a> World<'a> {
                     n.receive(d);
                 }
             }
-            n.step(now, &mut books);
+            n.step(now, drain, &mut books);
         }
         // A job's progress is what other hosts' runs of it (a container left running on a
         // partitioned host) compare against.
@@ -398,11 +405,13 @@ impl<'a> World<'a> {
             }
         }
         // One live attempt per job (invariant 4): no job's container lives on two hosts, or
-        // twice on one.
-        if self.nodes.iter().any(|n| n.stepped) {
+        // twice on one. Only a start can break it, so the fleet is looked at after one.
+        let starts: u64 = self.nodes.iter().map(|n| n.host.job_starts()).sum();
+        if starts != self.starts_checked {
+            self.starts_checked = starts;
             let mut seen: BTreeMap<u64, &str> = BTreeMap::new();
             for n in &self.nodes {
-                for job in n.host.live_jobs() {
+                for (job, _, _) in n.host.live_runs() {
                     if let Some(other) = seen.insert(job, &n.name) {
                         found.push(format!(
                             "job {job} has live containers on {other} and {}",
