@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use nightshift_common::{
-    DesiredNode, GpuStatus, Heartbeat, JobRun, JobRunState, PhaseRecord, ReplicaStatus,
+    DesiredNode, GpuStatus, Heartbeat, HostFacts, JobRun, JobRunState, PhaseRecord, ReplicaStatus,
     SequenceKind, ServingSignals, UnixMillis,
 };
 use nightshift_planner::{
@@ -86,6 +86,8 @@ pub struct Agent {
     blocked: Option<Blocked>,
     /// The runs published by the latest round (what a heartbeat reports).
     runs: Vec<JobRun>,
+    /// The leases the latest round listed, whose runs carry the facts read from the host.
+    listed: BTreeSet<u64>,
     phases: VecDeque<PhaseRecord>,
     seq: u64,
     applied_version: u64,
@@ -107,6 +109,7 @@ impl Agent {
             quiet: false,
             blocked: None,
             runs: Vec::new(),
+            listed: BTreeSet::new(),
             phases: VecDeque::new(),
             seq: 0,
             applied_version: 0,
@@ -168,6 +171,7 @@ impl Agent {
         if host.advance(now, workload) {
             self.wake();
         }
+        self.read_facts(workload);
         if let Some(b) = self.blocked.take() {
             if now < b.until {
                 self.blocked = Some(b);
@@ -184,6 +188,18 @@ impl Agent {
         self.rounds(now, host, workload);
     }
 
+    /// Reads the listed leases' runs' facts afresh (when each job last checkpointed), as the
+    /// agent's pass does every second whether or not it has anything to do.
+    fn read_facts(&mut self, workload: &dyn Workload) {
+        for r in self
+            .runs
+            .iter_mut()
+            .filter(|r| self.listed.contains(&r.lease_id))
+        {
+            r.last_checkpoint_at = workload.last_checkpoint_at(r.job_id);
+        }
+    }
+
     /// Plans and executes until the plan is empty, a wait, a blocking call or an error.
     fn rounds(&mut self, now: Moment, host: &mut Host, workload: &mut dyn Workload) {
         for _ in 0..MAX_ROUNDS {
@@ -196,7 +212,17 @@ impl Agent {
                 return;
             };
             let leases = pass::observed(begun.desired.as_deref(), &obs, &mut self.mem, now).leases;
+            for (image, refused) in host.take_pulled() {
+                match refused {
+                    Some(reason) => {
+                        self.mem
+                            .pull_failed(&leases, &obs.containers, &image, &reason);
+                    }
+                    None => self.mem.images.pulled(&image, &image, None),
+                }
+            }
             self.runs = runs::runs(&leases, &obs, &self.mem, &BTreeMap::new());
+            self.listed = leases.iter().map(|l| l.lease_id).collect();
             let steps = plan(
                 &self.cfg,
                 begun.desired.as_deref(),
@@ -205,6 +231,7 @@ impl Agent {
                 &self.mem,
                 now,
             );
+            self.read_facts(workload);
             let last = steps.iter().all(|s| matches!(s, Step::Remove(_)));
             let steps_were_empty = steps.is_empty();
             let flow = if steps_were_empty {
@@ -330,9 +357,14 @@ impl Agent {
                     }
                     self.record(SequenceKind::Drain, "start_jobs", now, now);
                 }
-                // The model's hosts hold every image and keep checkpoints on their own
-                // disk: nothing is pulled or restored, so these never come.
-                Step::Pull { .. } | Step::Restore(_) => return Flow::Wait,
+                // The pull runs in the engine while the pass goes on waiting, as the
+                // executor's background pull; what it ends in is taken in by a later round.
+                Step::Pull { image, .. } => {
+                    host.start_pull(&image, now);
+                    return Flow::Wait;
+                }
+                // The model's hosts keep checkpoints on their own disk: nothing is restored.
+                Step::Restore(_) => return Flow::Wait,
                 Step::FailStart {
                     lease,
                     message,
@@ -426,7 +458,10 @@ impl Agent {
             gpus: host
                 .gpu_indices()
                 .into_iter()
-                .map(|g| GpuStatus::healthy(g, host.gpu_used(g)))
+                .map(|g| match host.unhealthy.get(&g) {
+                    Some(why) => GpuStatus::unhealthy(g, host.gpu_used(g), why.as_str()),
+                    None => GpuStatus::healthy(g, host.gpu_used(g)),
+                })
                 .collect(),
             replica: ReplicaStatus {
                 state: self.mem.replica,
@@ -441,7 +476,11 @@ impl Agent {
             applied_version: self.applied_version,
             phases: self.phases.iter().cloned().collect(),
             expired_leases: self.mem.void.keys().copied().collect(),
-            host: None,
+            // A host that keeps checkpoints on its own disk says nothing of it.
+            host: (!host.storage.is_local()).then(|| HostFacts {
+                checkpoint_storage: host.storage,
+                ..HostFacts::default()
+            }),
             agent_url: None,
             metrics_url: None,
         }

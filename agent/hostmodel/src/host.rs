@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use nightshift_common::{GpuInfo, LeaseGrant, labels};
+use nightshift_common::{CheckpointStorage, GpuInfo, LeaseGrant, UnixMillis, labels};
 use nightshift_planner::{Container, ContainerState, Health, Moment, Observation, ReplicaProbe};
 
 /// How long the host's transitions take, and what they hold of each GPU's memory.
@@ -53,6 +53,36 @@ pub trait Workload {
     fn save(&self, job: u64) -> Duration;
     /// A job container exited.
     fn exited(&mut self, exit: &Exit);
+    /// The code a job's container exits with when its work ends on its own.
+    fn exit_code(&self, _job: u64) -> i64 {
+        0
+    }
+    /// When the job last wrote a checkpoint (the newest file the agent finds in its
+    /// checkpoint directory); `None`: not known.
+    fn last_checkpoint_at(&self, _job: u64) -> Option<UnixMillis> {
+        None
+    }
+}
+
+/// What pulling an image the host lacks does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pull {
+    /// It arrives after this long.
+    Takes(Duration),
+    /// It does not arrive while the model runs (a slow registry).
+    Hangs,
+    /// The registry refuses it after this long, for this reason.
+    Fails(Duration, String),
+}
+
+/// A pull under way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pulling {
+    image: String,
+    /// When the engine's pull returns; `None`: not while the model runs.
+    ends_at: Option<Moment>,
+    /// The registry's refusal, if it refuses.
+    refused: Option<String>,
 }
 
 /// A job container's exit.
@@ -153,6 +183,19 @@ pub struct Host {
     /// Starts under an epoch older than one already started on the GPU.
     stale_starts: Vec<String>,
     job_starts: u64,
+    /// The images the host lacks, and what pulling each does; every other image is there.
+    lacks: BTreeMap<String, Pull>,
+    pulls: Vec<Pulling>,
+    /// Pulls that returned, for the agent to take in: the image, and the registry's refusal.
+    pulled: Vec<(String, Option<String>)>,
+    /// GPUs NVML reports unhealthy, and why.
+    pub unhealthy: BTreeMap<u32, String>,
+    /// Where the host keeps checkpoints (its facts report storage other than its own disk).
+    pub storage: CheckpointStorage,
+    /// Something outside the agent changed what it observes (the engine restarted, the disk
+    /// filled, an image went missing, a container was killed): the agent, which looks every
+    /// second, sees it at its next look.
+    touched: bool,
 }
 
 /// The container engine did not answer.
@@ -178,6 +221,12 @@ impl Host {
             started_epochs: BTreeMap::new(),
             stale_starts: Vec::new(),
             job_starts: 0,
+            lacks: BTreeMap::new(),
+            pulls: Vec::new(),
+            pulled: Vec::new(),
+            unhealthy: BTreeMap::new(),
+            storage: CheckpointStorage::Local,
+            touched: false,
         }
     }
 
@@ -240,17 +289,19 @@ impl Host {
             Run::Exited => None,
         });
         let recoveries = [self.engine_down_until, self.disk_full_until];
+        let pulls = self.pulls.iter().filter_map(|p| p.ends_at);
         replica
             .into_iter()
             .chain(jobs)
             .chain(recoveries.into_iter().flatten())
+            .chain(pulls)
             .min()
     }
 
     /// Turns every timer due by `now`; true when anything changed. Job exits are told to
     /// the workload, in the order they happened.
     pub fn advance(&mut self, now: Moment, workload: &mut dyn Workload) -> bool {
-        let mut changed = false;
+        let mut changed = std::mem::take(&mut self.touched);
         for until in [&mut self.engine_down_until, &mut self.disk_full_until] {
             if until.is_some_and(|t| t <= now) {
                 *until = None;
@@ -271,10 +322,24 @@ impl Host {
                 changed = true;
             }
         }
+        let (done, pulling) = std::mem::take(&mut self.pulls)
+            .into_iter()
+            .partition(|p| p.ends_at.is_some_and(|t| t <= now));
+        self.pulls = pulling;
+        for p in done {
+            if p.refused.is_none() {
+                self.lacks.remove(&p.image);
+            }
+            self.pulled.push((p.image, p.refused));
+            changed = true;
+        }
         let mut exits = Vec::new();
         for j in &mut self.jobs {
             let exit = match j.run {
-                Run::Running => j.ends_at.filter(|t| *t <= now).map(|t| (t, None, 0)),
+                Run::Running => j
+                    .ends_at
+                    .filter(|t| *t <= now)
+                    .map(|t| (t, None, workload.exit_code(j.lease.job_id))),
                 Run::Signalled { at, exits_at, code } if exits_at <= now => {
                     Some((exits_at, Some(at), code))
                 }
@@ -351,9 +416,67 @@ impl Host {
             } else {
                 u64::MAX
             }),
-            missing_images: BTreeSet::new(),
+            missing_images: self.lacks.keys().cloned().collect(),
             unrestored: BTreeSet::new(),
         })
+    }
+
+    /// From `now`, the host lacks `image` and pulling it does what `pull` says; a pull of it
+    /// under way ends as `pull` says, counted from `now`.
+    pub fn lack(&mut self, image: &str, pull: Pull, now: Moment) {
+        self.lacks.insert(image.to_owned(), pull);
+        self.touched = true;
+        if let Some(i) = self.pulls.iter().position(|p| p.image == image) {
+            self.pulls.remove(i);
+            self.start_pull(image, now);
+        }
+    }
+
+    /// The engine starts pulling `image`, unless that is under way or the host has it.
+    pub fn start_pull(&mut self, image: &str, now: Moment) {
+        if self.pulls.iter().any(|p| p.image == image) {
+            return;
+        }
+        let Some(pull) = self.lacks.get(image) else {
+            return;
+        };
+        let (ends_at, refused) = match pull {
+            Pull::Takes(d) => (Some(now + *d), None),
+            Pull::Hangs => (None, None),
+            Pull::Fails(d, why) => (
+                Some(now + *d),
+                Some(format!("pulling {image} failed: {why}")),
+            ),
+        };
+        self.pulls.push(Pulling {
+            image: image.to_owned(),
+            ends_at,
+            refused,
+        });
+    }
+
+    /// The pulls that returned since the last call: each image, with the registry's
+    /// refusal when it refused.
+    pub fn take_pulled(&mut self) -> Vec<(String, Option<String>)> {
+        std::mem::take(&mut self.pulled)
+    }
+
+    /// Someone other than the agent (an operator's `docker stop`, the kernel's OOM killer)
+    /// ends job `job`'s live containers at `now` with `code`.
+    pub fn kill_job(&mut self, job: u64, code: i64, now: Moment, workload: &mut dyn Workload) {
+        for j in self
+            .jobs
+            .iter_mut()
+            .filter(|j| j.lease.job_id == job && j.live())
+        {
+            j.run = Run::Signalled {
+                at: now,
+                exits_at: now,
+                code,
+            };
+        }
+        self.advance(now, workload);
+        self.touched = true;
     }
 
     fn probe(&self, r: &Replica, now: Moment, ask: bool) -> ReplicaProbe {
@@ -595,11 +718,13 @@ impl Host {
             };
         }
         self.advance(now, workload);
+        self.touched = true;
     }
 
     /// The checkpoint volume reads full until `until`.
     pub fn fill_disk(&mut self, until: Moment) {
         self.disk_full_until = Some(until);
+        self.touched = true;
     }
 
     /// The live job containers' runs: (job, GPUs, started).

@@ -16,4 +16,4 @@ mod agent;
 mod host;
 
 pub use agent::{Agent, POLL};
-pub use host::{EngineDown, Exit, Host, Timings, Workload};
+pub use host::{EngineDown, Exit, Host, Pull, Timings, Workload};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use nightshift_common::{
     DesiredNode, JobRunState, JobSpec, LeaseGrant, ReplicaState, SequenceKind, ServingSignals,
 };
-use nightshift_hostmodel::{Agent, Exit, Host, Timings, Workload};
+use nightshift_hostmodel::{Agent, Exit, Host, Pull, Timings, Workload};
 use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
 
 /// Jobs that run for a set time, save in a set time, and whose exits are kept.
@@ -237,4 +237,87 @@ fn a_restarted_agent_fails_safe_once_in_touch_and_cut_off_again() {
     assert_eq!(rig.runs(), vec![(1, JobRunState::Running)]);
     // In touch since; now cut off: the fail-safe acts past the TTL, as before the restart.
     assert_eq!(rig.cut_off_until_the_fail_safe_acts(), 11);
+}
+
+fn lease_of_image(id: u64, gpus: &[u32], image: &str) -> LeaseGrant {
+    let mut l = lease(id, id, gpus);
+    l.job.image = image.to_owned();
+    l
+}
+
+fn run_of(rig: &Rig, lease: u64) -> Option<JobRunState> {
+    rig.runs()
+        .into_iter()
+        .find(|(l, _)| *l == lease)
+        .map(|(_, s)| s)
+}
+
+#[test]
+fn a_missing_image_is_pulled_while_the_replica_serves_then_the_drain_begins() {
+    let mut rig = Rig::new(PlanConfig::default());
+    rig.host.lack(
+        "trainer:2",
+        Pull::Takes(Duration::from_secs(40)),
+        secs(rig.t),
+    );
+    rig.agent.receive(desired(
+        2,
+        vec![lease_of_image(1, &[0, 1, 2, 3], "trainer:2")],
+    ));
+    // The pull's 40 s: the replica serves on, and the run is reported not ready.
+    rig.run(30);
+    assert!(rig.agent.ready(), "serving while the image arrives");
+    let beat = rig.agent.heartbeat(&rig.host, &ServingSignals::default());
+    assert_eq!(
+        (beat.jobs[0].state.clone(), beat.jobs[0].ready),
+        (JobRunState::Pending, false)
+    );
+    // Then the drain (19 s, as without a pull) and the start.
+    let took = rig.until(60, "the job starts", |r| r.host.lent());
+    assert!((25..=35).contains(&took), "pull's rest and drain: {took} s");
+    assert_eq!(run_of(&rig, 1), Some(JobRunState::Running));
+}
+
+#[test]
+fn a_refused_pull_fails_the_leases_that_need_the_image_and_the_others_go_on() {
+    let mut rig = Rig::new(PlanConfig::default());
+    let refusal = Pull::Fails(Duration::from_secs(3), "manifest unknown".into());
+    rig.host.lack("trainer:gone", refusal, secs(rig.t));
+    rig.agent.receive(desired(
+        2,
+        vec![
+            lease_of_image(1, &[0, 1], "trainer:gone"),
+            lease_of_image(2, &[2, 3], "trainer:1"),
+        ],
+    ));
+    // Every leased image is there before the drain: the replica serves while the
+    // registry takes its time to refuse.
+    rig.run(2);
+    assert!(rig.agent.ready());
+    assert_eq!(run_of(&rig, 2), Some(JobRunState::Pending));
+    rig.run(2);
+    let Some(JobRunState::FailedToStart {
+        message,
+        refused_by_host,
+    }) = run_of(&rig, 1)
+    else {
+        panic!("lease 1 failed to start: {:?}", rig.runs());
+    };
+    assert!(
+        message.contains("trainer:gone") && message.contains("manifest unknown"),
+        "{message}"
+    );
+    assert!(
+        !refused_by_host,
+        "the job's own image: a failure, not a refusal"
+    );
+    // The other lease drains the replica and starts; the failed one never does.
+    rig.until(60, "lease 2 starts", |r| {
+        run_of(r, 2) == Some(JobRunState::Running)
+    });
+    assert!(matches!(
+        run_of(&rig, 1),
+        Some(JobRunState::FailedToStart { .. })
+    ));
+    assert_eq!(rig.host.job_starts(), 1);
 }

@@ -366,6 +366,27 @@ impl Memory {
         );
     }
 
+    /// The registry would not give `image` (`reason` says why): every lease waiting to start
+    /// that needs it fails to start (its attempt is reported failed, naming the registry's
+    /// answer), and the node's other leases go on. Returns those leases' ids.
+    pub fn pull_failed(
+        &mut self,
+        leases: &[LeaseGrant],
+        containers: &[Container],
+        image: &str,
+        reason: &str,
+    ) -> Vec<u64> {
+        let failed: Vec<LeaseGrant> = unstarted(leases, containers, self)
+            .into_iter()
+            .filter(|l| l.job.image == image)
+            .cloned()
+            .collect();
+        for lease in &failed {
+            self.failed_to_start(lease, reason.to_owned(), false);
+        }
+        failed.iter().map(|l| l.lease_id).collect()
+    }
+
     /// These job containers are being stopped by the agent (a reclaim, a cancel, the
     /// fail-safe): their exit is reported as stopped by the agent, not as the job's verdict.
     pub fn stopping(&mut self, jobs: &[StopJob]) {

@@ -78,15 +78,12 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         .record_phase(SequenceKind::Drain, "pull_image", began);
                 }
                 Err(e @ EngineError::PullFailed { .. }) => {
-                    let waiting = nightshift_planner::unstarted(leases, containers, &self.mem);
-                    let failed: Vec<LeaseGrant> = waiting
-                        .into_iter()
-                        .filter(|l| l.job.image == image)
-                        .cloned()
-                        .collect();
-                    for lease in failed {
-                        self.fail_start(&lease, e.to_string(), false);
-                    }
+                    let reason = e.to_string();
+                    let failed = self.mem.pull_failed(leases, containers, &image, &reason);
+                    tracing::warn!(
+                        node = %self.node(), image, leases = ?failed, reason = %reason,
+                        "pulling an image failed: the leases waiting for it cannot start"
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(node = %self.node(), image, error = %e, "pulling an image failed; trying again");

@@ -31,7 +31,7 @@ fn state(c: &Cluster) -> (JobState, u32) {
 #[test]
 fn a_job_preempted_once_then_cancelled_counts_one_preemption_in_its_usage() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 1_000);
+    c.agent("a").jobs.durations.insert(1, 1_000);
     c.core.submit(c.now, spec("train", 4)).unwrap();
     let mut usage = Vec::new();
     run(&mut c, 10, &mut usage);

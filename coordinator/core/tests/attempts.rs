@@ -3,13 +3,13 @@
 
 mod sim;
 
-use nightshift_common::{AttemptEnding, JobRunState, JobState};
+use nightshift_common::{AttemptEnding, JobState};
 use sim::{Cluster, config, spec};
 
 #[test]
 fn a_finished_job_still_says_where_each_attempt_ran_and_how_it_ended() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 20);
+    c.agent("a").jobs.durations.insert(1, 20);
     c.core.submit(c.now, spec("train", 2)).unwrap();
     c.run(8);
     let job = c.core.job(1).unwrap();
@@ -31,12 +31,8 @@ fn a_finished_job_still_says_where_each_attempt_ran_and_how_it_ended() {
     let first_epoch = lease.epoch;
 
     // Its container is stopped under it: preempted, requeued and placed again.
-    for r in &mut c.agent("a").runs {
-        r.state = JobRunState::Exited {
-            exit_code: 143,
-            stopped_by_agent: true,
-        };
-    }
+    let now = c.now;
+    c.agent("a").restart_engine(now);
     c.run(3);
     c.restart(config(0));
     c.run(40);

@@ -24,7 +24,7 @@ fn queue_long_jobs(c: &mut Cluster, n: u64) {
     for _ in 0..n {
         let id = c.core.submit(c.now, spec("train", 4)).unwrap();
         for a in &mut c.agents {
-            a.durations.insert(id, 1_000_000);
+            a.jobs.durations.insert(id, 1_000_000);
         }
     }
 }

@@ -4,7 +4,7 @@
 
 mod sim;
 
-use nightshift_common::{CheckpointStorage, JobRunState, JobState};
+use nightshift_common::{CheckpointStorage, JobState};
 use sim::{Cluster, config, spec, states};
 
 /// Where each job's current lease is, by job id: `1@a 2@b`.
@@ -23,14 +23,14 @@ fn placed(c: &Cluster) -> String {
 fn one_job_with_a_checkpoint_on_a(storage: CheckpointStorage) -> Cluster {
     let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
     for a in &mut c.agents {
-        a.durations.extend([(1, 1_000), (2, 12), (3, 1_000)]);
-        a.checkpoint_storage = storage;
+        a.jobs.durations.extend([(1, 1_000), (2, 10), (3, 1_000)]);
+        a.store_checkpoints(storage);
     }
     c.core.submit(c.now, spec("resumes", 1)).unwrap();
     c.run(8);
     assert_eq!(placed(&c), "1@a");
     let now = c.now;
-    c.agent("a").checkpoints.insert(1, now);
+    c.agent("a").jobs.checkpoints.insert(1, now);
     c.core.submit(c.now, spec("short", 3)).unwrap();
     c.run(2);
     c.core.submit(c.now, spec("other", 2)).unwrap();
@@ -43,14 +43,8 @@ fn one_job_with_a_checkpoint_on_a(storage: CheckpointStorage) -> Cluster {
 /// Job 1's container on `a` is stopped under it (as a reclaim would, but `a` stays lent):
 /// the job is requeued as preempted and placed again within the step.
 fn lose_job_1_on_a(c: &mut Cluster) {
-    for r in &mut c.agent("a").runs {
-        if r.job_id == 1 {
-            r.state = JobRunState::Exited {
-                exit_code: 143,
-                stopped_by_agent: true,
-            };
-        }
-    }
+    let now = c.now;
+    c.agent("a").restart_engine(now);
     c.run(3);
 }
 
@@ -125,7 +119,7 @@ fn when_the_node_holding_it_cannot_take_the_job_it_runs_elsewhere_and_its_checkp
     // back and its stale attempt reports its own.
     let second = job.leases[0].epoch;
     let now = c.now;
-    c.agent("b").checkpoints.insert(1, now);
+    c.agent("b").jobs.checkpoints.insert(1, now);
     c.agent("a").silent = false;
     c.run(3);
     assert_eq!(
@@ -150,18 +144,18 @@ fn a_finished_job_is_preferred_nowhere() {
 fn reclaimed_from_b_then_lent_again(storage: CheckpointStorage) -> Cluster {
     let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
     for a in &mut c.agents {
-        a.durations.insert(1, 1_000);
-        a.checkpoint_storage = storage;
+        a.jobs.durations.insert(1, 1_000);
+        a.store_checkpoints(storage);
     }
     for g in 0..4 {
-        c.agent("a").unhealthy.insert(g, "xid 79".into());
+        c.agent("a").host.unhealthy.insert(g, "xid 79".into());
     }
     c.core.submit(c.now, spec("resumes", 1)).unwrap();
     c.run(8);
     assert_eq!(placed(&c), "1@b");
     let now = c.now;
-    c.agent("b").checkpoints.insert(1, now);
-    c.agent("a").unhealthy.clear();
+    c.agent("b").jobs.checkpoints.insert(1, now);
+    c.agent("a").host.unhealthy.clear();
     c.run(2);
     c.core.gateway(c.now, "llm", 12).unwrap();
     c.run(3);

@@ -6,12 +6,16 @@
 mod sim;
 
 use nightshift_common::{JobRunState, JobState, NodeMode, ReplicaState};
+use std::time::Duration;
+
 use nightshift_core::CoreConfig;
+use nightshift_hostmodel::Pull;
 use sim::{Cluster, config, spec};
 
 fn gang_on_two_nodes(config: CoreConfig) -> Cluster {
     let mut c = Cluster::new(config, &[("a", 4), ("b", 4)]);
-    c.agent("b").pulling.insert(1);
+    let now = c.now;
+    c.agent("b").lack_image(Pull::Hangs, now);
     let mut gang = spec("gang", 4);
     gang.nodes = 2;
     c.core.submit(c.now, gang).unwrap();
@@ -33,7 +37,7 @@ fn held(c: &Cluster, node: &str) -> Option<bool> {
 
 fn running(c: &mut Cluster, node: &str) -> bool {
     c.agent(node)
-        .runs
+        .runs()
         .iter()
         .any(|r| r.state == JobRunState::Running)
 }
@@ -51,7 +55,7 @@ fn a_gang_member_waits_serving_until_its_peer_has_its_image() {
     assert_eq!(c.core.job(1).unwrap().state, JobState::Starting);
     assert_eq!((held(&c, "a"), held(&c, "b")), (Some(true), Some(true)));
     assert_eq!(
-        c.agent("a").replica,
+        c.agent("a").replica(),
         ReplicaState::Serving,
         "a's replica serves on while its peer pulls"
     );
@@ -61,7 +65,8 @@ fn a_gang_member_waits_serving_until_its_peer_has_its_image() {
     );
 
     // The image arrives on b: both are told at once, and start.
-    c.agent("b").pulling.clear();
+    let now = c.now;
+    c.agent("b").lack_image(Pull::Takes(Duration::ZERO), now);
     c.run(1);
     assert_eq!((held(&c, "a"), held(&c, "b")), (Some(false), Some(false)));
     c.run(3);
@@ -77,8 +82,9 @@ fn a_member_whose_pull_fails_fails_the_gang_before_any_member_starts() {
         c.run(1);
         assert!(!running(&mut c, "a"), "a does not start while b pulls");
     }
-    c.agent("b").pulling.clear();
-    c.agent("b").pull_fails.insert(1);
+    let now = c.now;
+    c.agent("b")
+        .lack_image(Pull::Fails(Duration::ZERO, "manifest unknown".into()), now);
     for _ in 0..10 {
         c.run(1);
         assert!(!running(&mut c, "a"), "a never starts its member");
@@ -147,7 +153,8 @@ fn a_restarted_coordinator_holds_a_waiting_gang_until_all_report_again() {
     assert_eq!((held(&c, "a"), held(&c, "b")), (Some(true), Some(true)));
     c.run(3);
     assert!(!running(&mut c, "a"));
-    c.agent("b").pulling.clear();
+    let now = c.now;
+    c.agent("b").lack_image(Pull::Takes(Duration::ZERO), now);
     c.run(4);
     assert!(running(&mut c, "a") && running(&mut c, "b"));
 }

@@ -23,7 +23,7 @@ fn report_digest(c: &mut Cluster, digest: &str) {
 #[test]
 fn the_first_start_pins_the_image_and_later_attempts_run_the_digest() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 60);
+    c.agent("a").jobs.durations.insert(1, 60);
     let mut job = spec("train", 4);
     job.image = TAG.into();
     c.core.submit(c.now, job).unwrap();
@@ -60,7 +60,7 @@ fn the_first_start_pins_the_image_and_later_attempts_run_the_digest() {
 #[test]
 fn a_job_that_ends_in_the_report_that_first_shows_it_is_pinned_too() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 600);
+    c.agent("a").jobs.durations.insert(1, 600);
     let mut job = spec("train", 4);
     job.image = TAG.into();
     c.core.submit(c.now, job).unwrap();

@@ -34,9 +34,9 @@ fn an_enrolled_node_waits_for_the_tick_to_be_decided_on() {
     let decided = c.core.decided_at();
 
     c.now += 1;
-    let newcomer = sim::SimAgent::new("b", 4);
+    let newcomer = sim::SimAgent::new("b", 4, c.now);
     c.core
-        .enroll(c.now, "b", "llm", newcomer.inventory(), None)
+        .enroll(c.now, "b", "llm", newcomer.host.inventory(), None)
         .unwrap();
     assert!(c.core.node("b").is_some(), "the node is known at once");
     assert!(c.core.decision_pending(), "a new node may change decisions");
@@ -48,7 +48,7 @@ fn an_enrolled_node_waits_for_the_tick_to_be_decided_on() {
     // `register` (enroll, then decide) decides at once.
     c.now += 1;
     c.core
-        .register(c.now, "b", "llm", newcomer.inventory())
+        .register(c.now, "b", "llm", newcomer.host.inventory())
         .unwrap();
     assert_eq!(c.core.decided_at(), Some(c.now));
 }

@@ -78,8 +78,8 @@ proptest! {
                     s.max_run_seconds = max_run_seconds;
                     if let Ok(id) = c.core.submit(c.now, s) {
                         for a in &mut c.agents {
-                            a.durations.insert(id, steps);
-                            a.exit_codes.insert(id, exit_code);
+                            a.jobs.durations.insert(id, steps);
+                            a.jobs.exit_codes.insert(id, exit_code);
                         }
                         prop_assert_eq!(id, next_job);
                         next_job += 1;

@@ -20,7 +20,7 @@ fn modes(c: &Cluster) -> String {
 /// started: the setup most scenarios start from.
 fn node_a_with_train(gpus: u32, run_s: u32) -> Cluster {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, run_s);
+    c.agent("a").jobs.durations.insert(1, run_s);
     c.core.submit(c.now, spec("train", gpus)).unwrap();
     c
 }
@@ -28,7 +28,7 @@ fn node_a_with_train(gpus: u32, run_s: u32) -> Cluster {
 #[test]
 fn idle_replica_is_lent_only_after_the_window_and_only_for_a_queued_job() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 100);
+    c.agent("a").jobs.durations.insert(1, 100);
     c.run(10);
     assert_eq!(modes(&c), "a=Serve", "nothing queued: nothing lent");
     c.load("a", 0.0, 1.0);
@@ -91,8 +91,8 @@ fn serving_floor_keeps_min_replicas_serving() {
     let mut c = Cluster::new(config(1), &[("a", 4), ("b", 4)]);
     c.core.submit(c.now, spec("one", 4)).unwrap();
     c.core.submit(c.now, spec("two", 4)).unwrap();
-    c.agent("a").durations.insert(1, 100);
-    c.agent("b").durations.insert(1, 100);
+    c.agent("a").jobs.durations.insert(1, 100);
+    c.agent("b").jobs.durations.insert(1, 100);
     c.run(20);
     let lent = c
         .core
@@ -107,8 +107,8 @@ fn serving_floor_keeps_min_replicas_serving() {
 #[test]
 fn waiting_per_replica_over_threshold_takes_a_node_back() {
     let mut c = Cluster::new(config(1), &[("a", 4), ("b", 4)]);
-    c.agent("a").durations.insert(1, 100);
-    c.agent("b").durations.insert(1, 100);
+    c.agent("a").jobs.durations.insert(1, 100);
+    c.agent("b").jobs.durations.insert(1, 100);
     c.core.submit(c.now, spec("one", 2)).unwrap();
     c.run(10);
     assert_eq!(states(&c), "1:running#1");
@@ -127,8 +127,8 @@ fn waiting_per_replica_over_threshold_takes_a_node_back() {
 #[test]
 fn silent_node_loses_its_lease_and_the_job_runs_elsewhere() {
     let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
-    c.agent("a").durations.insert(1, 100);
-    c.agent("b").durations.insert(1, 100);
+    c.agent("a").jobs.durations.insert(1, 100);
+    c.agent("b").jobs.durations.insert(1, 100);
     c.core.submit(c.now, spec("train", 4)).unwrap();
     c.run(8);
     let first = c.core.job(1).unwrap().leases[0].clone();
@@ -264,7 +264,7 @@ fn leases_restored_for_a_node_not_yet_known_are_its_own_once_it_registers() {
         profiles: Vec::new(),
     };
     let mut restored = Core::restore(config(0), snapshot, c.now);
-    let inventory = c.agent("a").inventory();
+    let inventory = c.agent("a").host.inventory();
     restored.register(c.now, "a", "llm", inventory).unwrap();
     // (The node comes back serving under a live lease, which the checks report too: the
     // state it was persisted in was already broken.)
@@ -279,7 +279,7 @@ fn leases_restored_for_a_node_not_yet_known_are_its_own_once_it_registers() {
 #[test]
 fn a_job_past_its_run_time_is_stopped_and_fails_without_retry_and_preempted_time_is_free() {
     let mut c = Cluster::new(config(0), &[("a", 4)]);
-    c.agent("a").durations.insert(1, 1_000);
+    c.agent("a").jobs.durations.insert(1, 1_000);
     let mut job = spec("train", 4);
     job.max_run_seconds = Some(20);
     job.retry.limit = 3;
@@ -425,7 +425,7 @@ fn a_job_its_host_refuses_waits_its_backoff_without_a_failure() {
     assert!(
         job.message
             .as_deref()
-            .is_some_and(|m| m.contains("refused by node a") && m.contains("short of space")),
+            .is_some_and(|m| m.contains("refused by node a") && m.contains("below the floor")),
         "{job:?}"
     );
     // Not asked again before its retry backoff (10 s by default) from the heartbeat that

@@ -43,7 +43,7 @@ fn placement(c: &Cluster) -> String {
 fn long_jobs(c: &mut Cluster, ids: std::ops::RangeInclusive<u64>) {
     for a in &mut c.agents {
         for id in ids.clone() {
-            a.durations.insert(id, 1_000);
+            a.jobs.durations.insert(id, 1_000);
         }
     }
 }
@@ -75,7 +75,7 @@ fn an_idle_lent_node_goes_back_before_any_job_is_preempted() {
     c.run(10);
     assert_eq!(placement(&c), "1:running@a 2:running@b");
     c.core.cancel(c.now, 2).unwrap();
-    c.run(1);
+    c.run(2);
     assert_eq!(
         modes(&c),
         "a=lend b=serve c=serve",
@@ -109,8 +109,8 @@ fn reclaim_prefers_lower_priority_then_the_freshest_checkpoint() {
     assert_eq!(placement(&c), "1:running@a 2:running@b 3:running@c");
     // Job 2 checkpointed long ago, job 3 just now: taking back job 3's node loses least.
     let (t2, t3) = (c.now - 10_000, c.now);
-    c.agent("b").checkpoints.insert(2, t2);
-    c.agent("c").checkpoints.insert(3, t3);
+    c.agent("b").jobs.checkpoints.insert(2, t2);
+    c.agent("c").jobs.checkpoints.insert(3, t3);
     c.run(1);
     surge(&mut c);
     assert_eq!(placement(&c), "1:running@a 2:running@b 3:preempting@c");
@@ -210,8 +210,8 @@ fn a_failure_is_retried_with_backoff_and_preemption_never_counts() {
         max_backoff_seconds: 60,
     };
     c.core.submit(c.now, job).unwrap();
-    c.agent("a").durations.insert(1, 3);
-    c.agent("a").exit_codes.insert(1, 2);
+    c.agent("a").jobs.durations.insert(1, 3);
+    c.agent("a").jobs.exit_codes.insert(1, 2);
     c.run(8);
     let j = c.core.job(1).unwrap();
     assert_eq!(
@@ -222,8 +222,8 @@ fn a_failure_is_retried_with_backoff_and_preemption_never_counts() {
     let not_before = j.not_before.unwrap();
     assert_eq!(j.message.as_deref(), Some("exited with code 2"));
     // Preempted during the retry: requeued without touching the budget.
-    c.agent("a").exit_codes.remove(&1);
-    c.agent("a").durations.insert(1, 1_000);
+    c.agent("a").jobs.exit_codes.remove(&1);
+    c.agent("a").jobs.durations.insert(1, 1_000);
     while c.core.job(1).unwrap().state != JobState::Running {
         c.run(1);
     }
@@ -236,8 +236,8 @@ fn a_failure_is_retried_with_backoff_and_preemption_never_counts() {
         (JobState::Queued, 1, 1, 3)
     );
     // The next failure exhausts the budget of one retry.
-    c.agent("a").durations.insert(1, 2);
-    c.agent("a").exit_codes.insert(1, 9);
+    c.agent("a").jobs.durations.insert(1, 2);
+    c.agent("a").jobs.exit_codes.insert(1, 9);
     c.run(12);
     let j = c.core.job(1).unwrap();
     assert_eq!(
@@ -321,7 +321,7 @@ fn the_preempt_exempt_time_protects_a_job_that_just_started() {
     c.run(8);
     assert_eq!(placement(&c), "1:running@a 2:running@b");
     let now = c.now;
-    c.agent("a").checkpoints.insert(1, now);
+    c.agent("a").jobs.checkpoints.insert(1, now);
     c.run(1);
     // Job 2 loses less work, but it is still inside its exempt time: job 1's node goes back.
     surge(&mut c);
@@ -333,7 +333,7 @@ fn an_unhealthy_gpu_is_never_leased_and_the_node_view_says_why() {
     let mut c = Cluster::new(config(0), &[("a", 4), ("b", 4)]);
     long_jobs(&mut c, 1..=3);
     let reason = "xid 79: the gpu has fallen off the bus";
-    c.agent("a").unhealthy.insert(1, reason.into());
+    c.agent("a").host.unhealthy.insert(1, reason.into());
     c.run(1);
     // a has only three healthy GPUs: a 4-GPU job goes to b, and a is not drained for it.
     c.core.submit(c.now, spec("four", 4)).unwrap();
@@ -370,7 +370,7 @@ fn an_unhealthy_gpu_is_never_leased_and_the_node_view_says_why() {
         ]
     );
     // Once the agent reports the GPU healthy again, it is leased like any other.
-    c.agent("a").unhealthy.clear();
+    c.agent("a").host.unhealthy.clear();
     c.run(3);
     assert_eq!(placement(&c), "1:running@b 2:running@a 3:running@a");
     assert_eq!(c.core.job(3).unwrap().leases[0].gpus, [1, 3]);
@@ -458,8 +458,8 @@ fn lending_plans_with_the_placement_the_scheduler_makes() {
     c.core.submit(c.now, retried("k2", 2)).unwrap();
     for a in &mut c.agents {
         for id in [3, 4] {
-            a.durations.insert(id, 3);
-            a.exit_codes.insert(id, 1);
+            a.jobs.durations.insert(id, 3);
+            a.jobs.exit_codes.insert(id, 1);
         }
     }
     c.run(1);
@@ -480,8 +480,8 @@ fn lending_plans_with_the_placement_the_scheduler_makes() {
     let version = c.core.node("c").unwrap().desired_version;
     for a in &mut c.agents {
         for id in [3, 4] {
-            a.durations.insert(id, 1_000);
-            a.exit_codes.remove(&id);
+            a.jobs.durations.insert(id, 1_000);
+            a.jobs.exit_codes.remove(&id);
         }
     }
     c.run(20);

@@ -15,8 +15,8 @@ use sim::{Cluster, TICK_MS, config, spec};
 fn silent_past_the_ttl(cfg: CoreConfig, grace_s: u32) -> (Cluster, LeaseView) {
     let ttl = cfg.lease_ttl_ms;
     let mut c = Cluster::new(cfg, &[("a", 4), ("b", 4)]);
-    c.agent("a").durations.insert(1, 1_000);
-    c.agent("b").durations.insert(1, 1_000);
+    c.agent("a").jobs.durations.insert(1, 1_000);
+    c.agent("b").jobs.durations.insert(1, 1_000);
     let mut job = spec("train", 4);
     job.checkpoint.grace_period_seconds = grace_s;
     c.core.submit(c.now, job).unwrap();
@@ -108,9 +108,7 @@ fn a_silent_node_that_reports_the_container_gone_releases_its_job_at_once() {
     c.core.heartbeat(c.now + 3, &node, gone).unwrap();
     assert_eq!(c.core.stragglers().count(), 0);
     assert_eq!(c.core.job(1).unwrap().not_before, None, "released");
-    let back = c.agent(&node);
-    back.silent = false;
-    back.runs.clear();
+    c.agent(&node).silent = false;
     // Lending a node again takes the scale-down window (3 s) and the cooldown.
     c.run(10);
     let job = c.core.job(1).unwrap();

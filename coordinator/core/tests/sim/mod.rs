@@ -1,23 +1,32 @@
-//! A simulated cluster for core tests: agents that follow their desired state the way the
-//! real agent does (drain before jobs, jobs stopped before serving), driven by a virtual
-//! clock, in the manner of quinn-proto's test `Pair`.
+//! A simulated cluster for core tests, in the manner of quinn-proto's test `Pair`: the real
+//! core and, on every node, the agent's real planner running a modelled host
+//! (`nightshift-hostmodel`), all on one virtual clock stepped a heartbeat interval at a time.
+//! What a test sets on a node is what the world does to it (how long its jobs run and how
+//! they exit, an image its host lacks, an unhealthy GPU, a full disk, a partition); what the
+//! node does about it is the agent's own code.
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use nightshift_common::{
-    CheckpointPolicy, CheckpointStorage, GpuInfo, GpuStatus, Heartbeat, HostFacts, JobRun,
-    JobRunState, JobSpec, ReplicaState, ReplicaStatus, RetryPolicy, ServingSignals,
+    CheckpointPolicy, CheckpointStorage, JobRun, JobSpec, ReplicaState, RetryPolicy,
+    ServingSignals, UnixMillis,
 };
 use nightshift_core::{Core, CoreConfig, CoreSnapshot, ScaleDown, ScaleUp, ServicePolicy};
+use nightshift_hostmodel::{Agent, Exit, Host, Pull, Timings, Workload};
+use nightshift_planner::{Moment, PlanConfig};
 
 pub const TICK_MS: u64 = 1_000;
+
+/// The image every job of [`spec`] runs.
+pub const IMAGE: &str = "trainer:1";
 
 pub fn spec(name: &str, gpus: u32) -> JobSpec {
     JobSpec {
         name: name.into(),
-        image: "trainer:1".into(),
+        image: IMAGE.into(),
         command: vec![],
         args: vec![],
         env: vec![],
@@ -60,48 +69,89 @@ pub fn config(min_replicas: u32) -> CoreConfig {
     }
 }
 
-/// One simulated agent.
+/// The agents' configuration: `agent.toml`'s defaults, with the waits scaled to the tests'
+/// one-second heartbeats (no grace before watching the queue, a short drain).
+pub fn plan_config() -> PlanConfig {
+    PlanConfig {
+        readiness_grace: Duration::ZERO,
+        drain_timeout: Duration::from_secs(10),
+        ..PlanConfig::default()
+    }
+}
+
+/// The hosts' transitions, each within one heartbeat: a replica loads in a second, stops
+/// and sleeps at once.
+pub fn timings() -> Timings {
+    Timings {
+        replica_start: Duration::from_secs(1),
+        replica_stop: Duration::ZERO,
+        sleep: Duration::ZERO,
+        wake: Duration::ZERO,
+        ..Timings::default()
+    }
+}
+
+/// What the jobs on one host do.
+#[derive(Debug, Clone, Default)]
+pub struct Jobs {
+    /// Seconds each job runs before it ends on its own, by job id (5 when not set).
+    pub durations: BTreeMap<u64, u32>,
+    /// Exit code of each job when it ends on its own (0 when not set).
+    pub exit_codes: BTreeMap<u64, i64>,
+    /// When each job last wrote a checkpoint, by job id.
+    pub checkpoints: BTreeMap<u64, UnixMillis>,
+}
+
+impl Workload for Jobs {
+    fn ends_at(&self, job: u64, started: Moment) -> Option<Moment> {
+        let secs = self.durations.get(&job).copied().unwrap_or(5);
+        Some(started + Duration::from_secs(u64::from(secs)))
+    }
+
+    /// Checkpoints take no time: a signalled job exits at once.
+    fn save(&self, _job: u64) -> Duration {
+        Duration::ZERO
+    }
+
+    fn exited(&mut self, _exit: &Exit) {}
+
+    fn exit_code(&self, job: u64) -> i64 {
+        self.exit_codes.get(&job).copied().unwrap_or(0)
+    }
+
+    fn last_checkpoint_at(&self, job: u64) -> Option<UnixMillis> {
+        self.checkpoints.get(&job).copied()
+    }
+}
+
+/// One node: a modelled host and the agent's planner on it.
 #[derive(Debug, Clone)]
 pub struct SimAgent {
     pub name: String,
-    pub gpus: u32,
-    pub replica: ReplicaState,
-    pub runs: Vec<JobRun>,
-    /// Steps each job runs before exiting 0, by job id.
-    pub durations: BTreeMap<u64, u32>,
-    pub progress: BTreeMap<(u64, u64), u32>,
-    pub applied: u64,
+    pub host: Host,
+    pub agent: Agent,
+    pub jobs: Jobs,
+    /// What the replica's vLLM reports while it is ready.
     pub signals: ServingSignals,
-    /// A silent agent neither heartbeats nor acts (a partition or a crash).
+    /// Partitioned from the coordinator: neither its heartbeats nor the desired state cross
+    /// (the agent acts on its own meanwhile, as it would).
     pub silent: bool,
-    /// Highest lease epoch honoured per GPU.
-    pub fenced: BTreeMap<u32, u64>,
-    /// Exit code of each job when it ends by itself (0 when not set).
-    pub exit_codes: BTreeMap<u64, i64>,
-    /// Last checkpoint time each job reports, by job id.
-    pub checkpoints: BTreeMap<u64, u64>,
-    /// GPUs the agent reports unhealthy, and why.
-    pub unhealthy: BTreeMap<u32, String>,
-    /// The agent keeps checkpoints on storage every node mounts (its host facts say so).
-    pub checkpoint_storage: CheckpointStorage,
-    /// Jobs whose image the agent is still pulling: their members are not ready.
-    pub pulling: std::collections::BTreeSet<u64>,
-    /// Jobs whose image the agent cannot pull: their members fail to start.
-    pub pull_fails: std::collections::BTreeSet<u64>,
-    /// The host's checkpoint volume is short of space: it refuses every job it is leased.
+    /// The host's checkpoint volume is short of space.
     pub short_of_space: bool,
+    /// What the host's volume was last told.
+    disk_full: bool,
+    /// Where the cluster's clock started, which the agent counts from.
+    origin: UnixMillis,
 }
 
 impl SimAgent {
-    pub fn new(name: &str, gpus: u32) -> Self {
+    /// A node whose replica already serves, its agent just started.
+    pub fn new(name: &str, gpus: u32, origin: UnixMillis) -> Self {
         Self {
             name: name.into(),
-            gpus,
-            replica: ReplicaState::Starting,
-            runs: Vec::new(),
-            durations: BTreeMap::new(),
-            progress: BTreeMap::new(),
-            applied: 0,
+            host: Host::serving(name, gpus, timings()),
+            agent: Agent::new(plan_config(), 1, origin),
+            jobs: Jobs::default(),
             signals: ServingSignals {
                 requests_running: Some(0.0),
                 requests_waiting: Some(0.0),
@@ -109,210 +159,78 @@ impl SimAgent {
                 ..Default::default()
             },
             silent: false,
-            fenced: BTreeMap::new(),
-            exit_codes: BTreeMap::new(),
-            checkpoints: BTreeMap::new(),
-            unhealthy: BTreeMap::new(),
-            checkpoint_storage: CheckpointStorage::Local,
-            pulling: Default::default(),
-            pull_fails: Default::default(),
             short_of_space: false,
+            disk_full: false,
+            origin,
         }
     }
 
-    pub fn inventory(&self) -> Vec<GpuInfo> {
-        (0..self.gpus)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{}-{i}", self.name),
-                name: "sim".into(),
-                memory_total_bytes: 80 << 30,
-            })
-            .collect()
+    fn moment(&self, now: UnixMillis) -> Moment {
+        Moment::from_origin(Duration::from_millis(now - self.origin))
     }
 
-    /// One reconcile step towards the desired state, as the real agent orders it.
-    pub fn step(&mut self, core: &Core) {
-        let Some(desired) = core.desired(&self.name) else {
-            return;
-        };
-        let leases: Vec<_> = desired
-            .leases
-            .iter()
-            .filter(|l| {
-                l.gpus
-                    .iter()
-                    .all(|g| self.fenced.get(g).is_none_or(|&e| l.epoch >= e))
-            })
-            .cloned()
-            .collect();
-        // Jobs not (or no longer) leased are stopped; exited ones are forgotten once their
-        // lease is gone from the desired state.
-        // A pending run has no container yet (the replica was still draining): unleased, it
-        // is simply no longer reported, as the real agent does.
-        self.runs.retain(|r| {
-            leases.iter().any(|l| l.lease_id == r.lease_id)
-                || !matches!(
-                    r.state,
-                    JobRunState::Exited { .. }
-                        | JobRunState::Pending
-                        | JobRunState::FailedToStart { .. }
-                )
-        });
-        for r in &mut self.runs {
-            let leased = leases.iter().any(|l| l.lease_id == r.lease_id);
-            if !leased && !matches!(r.state, JobRunState::Exited { .. }) {
-                r.state = JobRunState::Exited {
-                    exit_code: 143,
-                    stopped_by_agent: true,
-                };
-            }
+    /// The agent at `now`, having received `core`'s desired state unless partitioned.
+    pub fn step(&mut self, core: &Core, now: UnixMillis) {
+        let at = self.moment(now);
+        if !self.silent
+            && let Some(desired) = core.desired(&self.name)
+        {
+            self.agent.receive(desired.clone());
         }
-        let jobs_live = self
-            .runs
-            .iter()
-            .any(|r| !matches!(r.state, JobRunState::Exited { .. }));
-        if desired.serve && leases.is_empty() {
-            self.replica = match self.replica {
-                _ if jobs_live => ReplicaState::Stopped,
-                ReplicaState::Stopped
-                | ReplicaState::Sleeping
-                | ReplicaState::Draining
-                | ReplicaState::Failed => ReplicaState::Starting,
-                ReplicaState::Starting | ReplicaState::Serving => ReplicaState::Serving,
+        if self.short_of_space != self.disk_full {
+            // Full for longer than any test runs, or no longer.
+            let until = if self.short_of_space {
+                at + Duration::from_secs(30 * 86_400)
+            } else {
+                at
             };
-        } else {
-            // A gang member held for its peers keeps the replica serving (the drain waits),
-            // as the real agent's planner does.
-            let held = |id: u64| {
-                leases.iter().any(|l| {
-                    l.lease_id == id && l.rendezvous.as_ref().is_some_and(|r| r.wait_for_peers)
-                })
-            };
-            let all_held = leases.iter().all(|l| held(l.lease_id));
-            self.replica = match self.replica {
-                ReplicaState::Serving if all_held => ReplicaState::Serving,
-                ReplicaState::Serving | ReplicaState::Starting => ReplicaState::Draining,
-                _ => ReplicaState::Stopped,
-            };
-            for l in &leases {
-                for g in &l.gpus {
-                    self.fenced.insert(*g, l.epoch);
-                }
-                if !self.runs.iter().any(|r| r.lease_id == l.lease_id) {
-                    self.runs.push(JobRun {
-                        job_id: l.job_id,
-                        attempt: l.attempt,
-                        lease_id: l.lease_id,
-                        epoch: l.epoch,
-                        gpus: l.gpus.clone(),
-                        state: JobRunState::Pending,
-                        last_checkpoint_at: None,
-                        outputs: BTreeMap::new(),
-                        image_id: None,
-                        image_digest: None,
-                        ready: false,
-                    });
-                }
-            }
-            for r in &mut self.runs {
-                if r.state == JobRunState::Pending && self.pull_fails.contains(&r.job_id) {
-                    r.state = JobRunState::FailedToStart {
-                        message: format!("pulling the image of job {} failed", r.job_id),
-                        refused_by_host: false,
-                    };
-                }
-                if r.state == JobRunState::Pending && self.short_of_space {
-                    r.state = JobRunState::FailedToStart {
-                        message: "the checkpoint volume is short of space".into(),
-                        refused_by_host: true,
-                    };
-                }
-                r.ready = r.state == JobRunState::Pending && !self.pulling.contains(&r.job_id);
-            }
-            if self.replica == ReplicaState::Stopped {
-                for r in &mut self.runs {
-                    if r.state == JobRunState::Pending && r.ready && !held(r.lease_id) {
-                        r.state = JobRunState::Running;
-                        r.ready = false;
-                    }
-                }
-            }
+            self.host.fill_disk(until);
+            self.disk_full = self.short_of_space;
         }
-        for r in &mut self.runs {
-            if r.state == JobRunState::Running {
-                let done = self.progress.entry((r.job_id, r.lease_id)).or_default();
-                *done += 1;
-                if *done >= self.durations.get(&r.job_id).copied().unwrap_or(5) {
-                    r.state = JobRunState::Exited {
-                        exit_code: self.exit_codes.get(&r.job_id).copied().unwrap_or(0),
-                        stopped_by_agent: false,
-                    };
-                }
-            }
-        }
-        for r in &mut self.runs {
-            r.last_checkpoint_at = self.checkpoints.get(&r.job_id).copied();
-        }
-        self.applied = desired.version;
+        self.agent.tick(at, &mut self.host, &mut self.jobs);
     }
 
-    pub fn heartbeat(&self) -> Heartbeat {
-        let signals = if self.replica == ReplicaState::Serving {
-            self.signals.clone()
-        } else {
-            ServingSignals::default()
-        };
-        Heartbeat {
-            gpus: (0..self.gpus)
-                .map(|i| match self.unhealthy.get(&i) {
-                    Some(reason) => GpuStatus::unhealthy(i, 0, reason.as_str()),
-                    None => GpuStatus::healthy(i, 0),
-                })
-                .collect(),
-            replica: ReplicaStatus {
-                state: self.replica,
-                signals,
-                url: Some(format!("http://{}:8000", self.name)),
-            },
-            jobs: self.runs.clone(),
-            applied_version: self.applied,
-            phases: vec![],
-            expired_leases: vec![],
-            host: (!self.checkpoint_storage.is_local()).then(|| HostFacts {
-                checkpoint_storage: self.checkpoint_storage,
-                ..HostFacts::default()
-            }),
-            agent_url: None,
-            metrics_url: None,
-        }
+    /// The heartbeat the agent sends now.
+    pub fn heartbeat(&self) -> nightshift_common::Heartbeat {
+        self.agent.heartbeat(&self.host, &self.signals)
     }
 
-    /// No GPU runs a job while the replica holds it.
-    pub fn one_owner(&self) -> Result<(), String> {
-        let jobs_running = self.runs.iter().any(|r| r.state == JobRunState::Running);
-        if jobs_running && self.replica != ReplicaState::Stopped {
-            return Err(format!(
-                "{}: jobs run while the replica is {:?}",
-                self.name, self.replica
-            ));
-        }
-        let mut seen = BTreeMap::new();
-        for r in self.runs.iter().filter(|r| r.state == JobRunState::Running) {
-            for g in &r.gpus {
-                if let Some(other) = seen.insert(*g, r.lease_id) {
-                    return Err(format!(
-                        "{} gpu {g}: leases {other} and {}",
-                        self.name, r.lease_id
-                    ));
-                }
-            }
-        }
-        Ok(())
+    /// The coordinator answered the heartbeat sent at `now`.
+    pub fn contact(&mut self, now: UnixMillis) {
+        let at = self.moment(now);
+        self.agent.contact(at);
+    }
+
+    /// The replica's state, as the agent reports it.
+    pub fn replica(&self) -> ReplicaState {
+        self.agent.mem.replica
+    }
+
+    /// The runs the agent reports.
+    pub fn runs(&self) -> Vec<JobRun> {
+        self.heartbeat().jobs
+    }
+
+    /// The host lacks the jobs' image from `now`; pulling it does what `pull` says.
+    pub fn lack_image(&mut self, pull: Pull, now: UnixMillis) {
+        let at = self.moment(now);
+        self.host.lack(IMAGE, pull, at);
+    }
+
+    /// The host's container engine restarts at `now`, back a second later: every container
+    /// stops with it.
+    pub fn restart_engine(&mut self, now: UnixMillis) {
+        let at = self.moment(now);
+        self.host
+            .restart_engine(at, Duration::from_secs(1), &mut self.jobs);
+    }
+
+    /// Keeps checkpoints on `storage`, as its host facts say.
+    pub fn store_checkpoints(&mut self, storage: CheckpointStorage) {
+        self.host.storage = storage;
     }
 }
 
-/// A core and its simulated agents on a virtual clock.
 /// Each job's id, state and attempt: `1:running#1 2:queued#1`.
 pub fn states(c: &Cluster) -> String {
     c.core
@@ -323,6 +241,7 @@ pub fn states(c: &Cluster) -> String {
         .join(" ")
 }
 
+/// A core and its simulated nodes on a virtual clock.
 pub struct Cluster {
     pub core: Core,
     pub agents: Vec<SimAgent>,
@@ -337,9 +256,12 @@ impl Cluster {
     /// A cluster whose clock starts at `now` (Unix ms).
     pub fn new_at(config: CoreConfig, nodes: &[(&str, u32)], now: u64) -> Self {
         let mut core = Core::new(config);
-        let agents: Vec<SimAgent> = nodes.iter().map(|(n, g)| SimAgent::new(n, *g)).collect();
+        let agents: Vec<SimAgent> = nodes
+            .iter()
+            .map(|(n, g)| SimAgent::new(n, *g, now))
+            .collect();
         for a in &agents {
-            core.register(now, &a.name, "llm", a.inventory())
+            core.register(now, &a.name, "llm", a.host.inventory())
                 .expect("register");
         }
         Self { core, agents, now }
@@ -347,12 +269,16 @@ impl Cluster {
 
     /// One heartbeat interval: every agent acts and reports, then the clock advances.
     pub fn step(&mut self) {
-        for a in self.agents.iter_mut().filter(|a| !a.silent) {
-            a.step(&self.core);
+        for a in &mut self.agents {
+            a.step(&self.core, self.now);
+            if a.silent {
+                continue;
+            }
             let beat = a.heartbeat();
             self.core
                 .heartbeat(self.now, &a.name, beat)
                 .expect("heartbeat");
+            a.contact(self.now);
         }
         self.now += TICK_MS;
         self.core.tick(self.now);
@@ -394,11 +320,13 @@ impl Cluster {
         self.core = Core::restore(config, self.snapshot(), self.now);
     }
 
+    /// The core's invariants, and one owner of every GPU on every host (never a stale
+    /// epoch's start).
     pub fn assert_invariants(&self) {
         let violations = self.core.check_invariants();
         assert!(violations.is_empty(), "at {}: {violations:?}", self.now);
         for a in &self.agents {
-            if let Err(e) = a.one_owner() {
+            if let Err(e) = a.host.check_owners() {
                 panic!("at {}: {e}", self.now);
             }
         }
