@@ -193,7 +193,7 @@ pub struct Host {
     /// Where the host keeps checkpoints (its facts report storage other than its own disk).
     pub storage: CheckpointStorage,
     /// Something outside the agent changed what it observes (the engine restarted, the disk
-    /// filled, an image went missing, a container was killed): the agent, which looks every
+    /// filled, an image went missing): the agent, which looks every
     /// second, sees it at its next look.
     touched: bool,
 }
@@ -459,24 +459,6 @@ impl Host {
     /// refusal when it refused.
     pub fn take_pulled(&mut self) -> Vec<(String, Option<String>)> {
         std::mem::take(&mut self.pulled)
-    }
-
-    /// Someone other than the agent (an operator's `docker stop`, the kernel's OOM killer)
-    /// ends job `job`'s live containers at `now` with `code`.
-    pub fn kill_job(&mut self, job: u64, code: i64, now: Moment, workload: &mut dyn Workload) {
-        for j in self
-            .jobs
-            .iter_mut()
-            .filter(|j| j.lease.job_id == job && j.live())
-        {
-            j.run = Run::Signalled {
-                at: now,
-                exits_at: now,
-                code,
-            };
-        }
-        self.advance(now, workload);
-        self.touched = true;
     }
 
     fn probe(&self, r: &Replica, now: Moment, ask: bool) -> ReplicaProbe {
