@@ -19,8 +19,8 @@ use nightshift_common::{DesiredNode, JobRunState, LeaseGrant, SequenceKind};
 use nightshift_planner::failsafe::Alarm;
 use nightshift_planner::pass;
 use nightshift_planner::{
-    IllegalMove, Memory, Moment, Note, Observation, Phase, PlanConfig, ReplicaEvent, ReplicaProbe,
-    Step, StopJob, Stuck,
+    IllegalMove, Memory, Moment, Note, Observation, PlanConfig, ReplicaEvent, ReplicaProbe, Step,
+    StopJob, Stuck,
 };
 use tokio::time::Instant;
 
@@ -387,7 +387,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     let timeout = Duration::from_secs_f64(self.cfg.replica.sleep_timeout_s);
                     if let Err(e) = self.serving.sleep(&url, level, timeout).await {
                         tracing::warn!(node = %self.node(), error = %e, "vllm sleep failed; stopping the replica instead");
-                        self.mem.phase = Some((Phase::StopInstead, self.now()));
+                        self.mem.sleep_failed(self.now());
                         return Ok(false);
                     }
                     self.shared

@@ -332,7 +332,7 @@ impl Agent {
                 Step::SleepReplica { .. } => match host.sleep(now) {
                     Some(until) => return self.block(until, now, Done::Slept, steps),
                     None => {
-                        self.mem.phase = Some((Phase::StopInstead, now));
+                        self.mem.sleep_failed(now);
                         return Flow::Next;
                     }
                 },

@@ -177,6 +177,8 @@ pub struct Host {
     engine_down_until: Option<Moment>,
     /// The checkpoint volume reads full until then.
     disk_full_until: Option<Moment>,
+    /// vLLM's `/sleep` answers an error until then.
+    sleep_fails_until: Option<Moment>,
     /// The highest lease epoch a job container was started with, per GPU: the host's own
     /// record, against which every start is checked (ARCHITECTURE.md, invariant 3).
     started_epochs: BTreeMap<u32, u64>,
@@ -218,6 +220,7 @@ impl Host {
             busy_until: Moment::ZERO,
             engine_down_until: None,
             disk_full_until: None,
+            sleep_fails_until: None,
             started_epochs: BTreeMap::new(),
             stale_starts: Vec::new(),
             job_starts: 0,
@@ -630,8 +633,12 @@ impl Host {
         }
     }
 
-    /// vLLM's `/sleep`: returns when it answers; `None` when no replica is awake.
+    /// vLLM's `/sleep`: returns when it answers; `None` when no replica is awake or
+    /// `/sleep` fails.
     pub fn sleep(&mut self, now: Moment) -> Option<Moment> {
+        if self.sleep_fails_until.is_some_and(|t| now < t) {
+            return None;
+        }
         let r = self.replica.as_mut().filter(|r| r.vllm == Vllm::Up)?;
         let at = now + self.timings.sleep;
         r.vllm = Vllm::FallingAsleep { at };
@@ -701,6 +708,12 @@ impl Host {
         }
         self.advance(now, workload);
         self.touched = true;
+    }
+
+    /// vLLM's `/sleep` answers an error until `until` (a vLLM started without
+    /// `--enable-sleep-mode`, a failing CUDA call).
+    pub fn fail_sleeps(&mut self, until: Moment) {
+        self.sleep_fails_until = Some(until);
     }
 
     /// The checkpoint volume reads full until `until`.

@@ -194,6 +194,28 @@ fn in_sleep_mode_the_replica_sleeps_through_the_job_and_wakes_after() {
 }
 
 #[test]
+fn in_sleep_mode_a_failed_sleep_stops_the_replica_instead_and_the_reclaim_starts_it() {
+    let cfg = PlanConfig {
+        reclaim: ReclaimMode::Sleep,
+        ..PlanConfig::default()
+    };
+    let mut rig = Rig::new(cfg);
+    rig.host.fail_sleeps(secs(3_600));
+    rig.agent.receive(desired(2, vec![lease(1, 1, &[0, 1])]));
+    rig.until(60, "the job starts", |r| r.host.lent());
+    assert_eq!(
+        rig.agent.mem.replica,
+        ReplicaState::Stopped,
+        "stopped, not asleep"
+    );
+    rig.run(30);
+    rig.agent.receive(desired(3, vec![]));
+    // Nothing to wake: 20 s of checkpoint, then the cold start (225 s).
+    let took = rig.until(300, "the replica serves", |r| r.agent.ready());
+    assert!((245..=260).contains(&took), "reclaim took {took} s");
+}
+
+#[test]
 fn a_silent_coordinator_stops_the_job_after_the_ttl_and_the_host_serves() {
     let mut rig = Rig::new(PlanConfig::default());
     rig.agent

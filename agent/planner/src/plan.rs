@@ -366,6 +366,12 @@ impl Memory {
         );
     }
 
+    /// vLLM's `/sleep` failed at `now` (it answered an error, or no replica was awake to
+    /// sleep): the drain stops the replica instead, as it would in stop mode.
+    pub fn sleep_failed(&mut self, now: Moment) {
+        self.phase = Some((Phase::StopInstead, now));
+    }
+
     /// The registry would not give `image` (`reason` says why): every lease waiting to start
     /// that needs it fails to start (its attempt is reported failed, naming the registry's
     /// answer), and the node's other leases go on. Returns those leases' ids.

@@ -4,6 +4,9 @@
 
 use nightshift_common::JobSpec;
 
+/// The image every simulated job runs.
+pub const JOB_IMAGE: &str = "registry.invalid/research:sim";
+
 use crate::rng::Rng;
 
 /// One kind of research job.
@@ -128,7 +131,7 @@ impl Backlog {
         };
         let spec = JobSpec::new(
             format!("{}-{}", class.name, self.issued),
-            "registry.invalid/research:sim",
+            JOB_IMAGE,
             class.gpus,
         );
         Some((job, spec))

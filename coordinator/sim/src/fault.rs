@@ -30,10 +30,20 @@ pub enum FaultKind {
     /// The coordinator is down for the fault's duration (every node cut off from it), then
     /// restarts from its store.
     CoordinatorDown,
+    /// The node's vLLM answers `/sleep` with an error for the fault's duration (10 minutes
+    /// unless given): a lend in sleep mode stops the replica instead.
+    SleepFails,
+    /// The node's engine loses the jobs' image (pruned by someone else): the next pull of
+    /// it takes the fault's duration (2 minutes unless given).
+    SlowPull,
+    /// The node's engine loses the jobs' image and the registry refuses it for the
+    /// fault's duration (10 minutes unless given): every job leased there meanwhile fails
+    /// to start. After that, a pull takes 30 s.
+    PullRefused,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::AgentCrash,
         FaultKind::CoordinatorRestart,
         FaultKind::Partition,
@@ -43,6 +53,9 @@ impl FaultKind {
         FaultKind::StubbornJobs,
         FaultKind::DiskFull,
         FaultKind::CoordinatorDown,
+        FaultKind::SleepFails,
+        FaultKind::SlowPull,
+        FaultKind::PullRefused,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +69,9 @@ impl FaultKind {
             Self::StubbornJobs => "stubborn-jobs",
             Self::DiskFull => "disk-full",
             Self::CoordinatorDown => "coordinator-down",
+            Self::SleepFails => "sleep-fails",
+            Self::SlowPull => "slow-pull",
+            Self::PullRefused => "pull-refused",
         }
     }
 }

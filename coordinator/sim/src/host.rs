@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::{Heartbeat, ServingSignals, UnixMillis};
-use nightshift_hostmodel::{Agent, Exit, Host, Timings, Workload};
+use nightshift_hostmodel::{Agent, Exit, Host, Pull, Timings, Workload};
 use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
 
-use crate::backlog::SimJob;
+use crate::backlog::{JOB_IMAGE, SimJob};
 use crate::ledger::Ledger;
 use crate::model::{Lifecycle, Release};
 
@@ -166,6 +166,8 @@ pub struct SimHost {
     /// again since, nor was the host lent: the serving floor counts it, as no decision took
     /// it away.
     replica_lost: bool,
+    /// The registry refuses the jobs' image until then.
+    pulls_refused_until: Option<UnixMillis>,
 }
 
 impl SimHost {
@@ -185,6 +187,7 @@ impl SimHost {
             next: None,
             stepped: false,
             replica_lost: false,
+            pulls_refused_until: None,
         };
         host.start_agent();
         // The fleet serves when the simulation begins: the agent has adopted its replica.
@@ -234,6 +237,10 @@ impl SimHost {
     /// Ends outages whose time is up; true when the agent came back from a crash (and must
     /// register again).
     pub fn heal(&mut self, now: UnixMillis) -> bool {
+        if self.pulls_refused_until.is_some_and(|t| now >= t) {
+            self.pulls_refused_until = None;
+            self.lose_image(now, Pull::Takes(Duration::from_secs(30)));
+        }
         let Some(outage) = self.outage.filter(|o| now >= o.until()) else {
             return false;
         };
@@ -262,6 +269,25 @@ impl SimHost {
         self.host
             .restart_engine(moment(self.origin, now), down, books);
         self.next = None;
+    }
+
+    /// vLLM's `/sleep` fails until `until`.
+    pub fn fail_sleeps(&mut self, until: UnixMillis) {
+        self.host.fail_sleeps(moment(self.origin, until));
+    }
+
+    /// The engine loses the jobs' image at `now`; pulling it again does what `pull` says.
+    pub fn lose_image(&mut self, now: UnixMillis, pull: Pull) {
+        self.host.lack(JOB_IMAGE, pull, moment(self.origin, now));
+        self.next = None;
+    }
+
+    /// The engine loses the jobs' image at `now`, and the registry refuses it (at once)
+    /// until `until`; from then a pull takes 30 s.
+    pub fn refuse_pulls(&mut self, now: UnixMillis, until: UnixMillis) {
+        let refusal = Pull::Fails(Duration::from_secs(1), "the registry answers 503".into());
+        self.lose_image(now, refusal);
+        self.pulls_refused_until = Some(until);
     }
 
     /// The checkpoint volume reads full until `until`.

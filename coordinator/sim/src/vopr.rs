@@ -117,7 +117,10 @@ pub fn faults(seed: u64, cfg: &VoprConfig, sim: &SimConfig) -> Vec<Fault> {
                     Some(between(5, 10 * ttl))
                 }
                 FaultKind::EngineRestart => Some(between(1, 30)),
-                FaultKind::DiskFull => Some(between(60, 1_800)),
+                FaultKind::DiskFull | FaultKind::SleepFails | FaultKind::PullRefused => {
+                    Some(between(60, 1_800))
+                }
+                FaultKind::SlowPull => Some(between(5, 900)),
                 FaultKind::CoordinatorDown => Some(between(1, 4 * ttl)),
                 FaultKind::CoordinatorRestart | FaultKind::StubbornJobs => None,
             };

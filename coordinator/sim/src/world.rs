@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::UnixMillis;
+use nightshift_hostmodel::Pull;
 
 use crate::backlog::{Backlog, SimJob};
 use crate::config::SimConfig;
@@ -240,6 +241,12 @@ impl<'a> World<'a> {
                 self.stubborn.extend(live);
             }
             FaultKind::DiskFull => self.nodes[node].fill_disk(until(600)),
+            FaultKind::SleepFails => self.nodes[node].fail_sleeps(until(600)),
+            FaultKind::SlowPull => {
+                let takes = Duration::from_secs(f.for_s.unwrap_or(120));
+                self.nodes[node].lose_image(now, Pull::Takes(takes));
+            }
+            FaultKind::PullRefused => self.nodes[node].refuse_pulls(now, until(600)),
         }
     }
 
