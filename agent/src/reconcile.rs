@@ -76,8 +76,6 @@ pub struct Reconciler<E, G, S> {
     mem: Memory,
     /// Where the planner's time begins: a [`Moment`] is the time since.
     origin: Instant,
-    /// Output parameters read from a finished container, by container id.
-    outputs: BTreeMap<String, BTreeMap<String, String>>,
     /// Pulls under way, by image, with when each began.
     pulls: BTreeMap<
         String,
@@ -131,7 +129,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             shared,
             mem,
             origin: Instant::now(),
-            outputs: BTreeMap::new(),
             pulls: BTreeMap::new(),
             host: Arc::new(SysinfoHost::new()),
             bucket: None,
@@ -229,7 +226,7 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     .facts(self.cfg.checkpoint_root())
                     .checkpoint_volume_free_bytes;
             }
-            self.capture(&obs.containers, &leases).await;
+            self.read_outputs(&obs.containers, &leases).await;
             self.publish_runs(&obs, &leases);
             self.shared
                 .update(|o| o.replica_url = obs.replica.as_ref().and_then(|p| p.url.clone()));
@@ -579,7 +576,6 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             return;
         }
         self.mem.removed(c);
-        self.outputs.remove(&c.id);
     }
 
     /// The directories of the attempt under `lease`, a gang member's checkpoints among its

@@ -186,6 +186,9 @@ pub struct Memory {
     pub uploading: BTreeSet<String>,
     /// Leases whose checkpoint was restored from the object store (lease id → the restore).
     pub restored: BTreeMap<u64, Restore>,
+    /// What each exited job container left (its output parameters and captured files),
+    /// by container id: read once, reported until the container is removed.
+    pub outputs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// A lease's checkpoint restored from the object store into its attempt's directory.
@@ -214,6 +217,7 @@ impl Default for Memory {
             images: Default::default(),
             uploading: BTreeSet::new(),
             restored: BTreeMap::new(),
+            outputs: BTreeMap::new(),
         }
     }
 }
@@ -366,6 +370,24 @@ impl Memory {
         );
     }
 
+    /// The exited job containers of listed `leases` whose outputs are still to be read:
+    /// each once, and only once it has exited (what a running job writes may change).
+    pub fn outputs_due<'a>(
+        &self,
+        leases: &'a [LeaseGrant],
+        containers: &'a [Container],
+    ) -> Vec<(&'a LeaseGrant, &'a Container)> {
+        leases
+            .iter()
+            .filter_map(|l| {
+                let c = jobs(containers).find(|c| lease_of(c) == Some(l.lease_id))?;
+                let due = matches!(c.state, ContainerState::Exited { .. })
+                    && !self.outputs.contains_key(&c.id);
+                due.then_some((l, c))
+            })
+            .collect()
+    }
+
     /// vLLM's `/sleep` failed at `now` (it answered an error, or no replica was awake to
     /// sleep): the drain stops the replica instead, as it would in stop mode.
     pub fn sleep_failed(&mut self, now: Moment) {
@@ -402,6 +424,7 @@ impl Memory {
     /// The finished container `c` was removed: nothing of it is remembered any longer.
     pub fn removed(&mut self, c: &Container) {
         self.stopped.remove(&c.id);
+        self.outputs.remove(&c.id);
         if let Some(lease) = lease_of(c) {
             self.start_failures.remove(&lease);
         }

@@ -12,12 +12,11 @@ use crate::container::{Container, ContainerState, gpus_of, jobs, label_u64, leas
 use crate::plan::{Memory, Observation};
 
 /// What the executor read from the host for a listed lease's run: the newest file in its
-/// attempt's checkpoint directory, and the output parameters its exited container wrote.
+/// attempt's checkpoint directory (milliseconds since the epoch). The outputs an exited
+/// container left are the memory's ([`Memory::outputs`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunFacts {
-    /// Milliseconds since the epoch.
     pub last_checkpoint_at: Option<u64>,
-    pub outputs: BTreeMap<String, String>,
 }
 
 /// The state a job container's run is reported in.
@@ -68,7 +67,10 @@ pub fn runs(
             gpus: lease.gpus.clone(),
             state,
             last_checkpoint_at: facts.last_checkpoint_at,
-            outputs: facts.outputs,
+            outputs: container
+                .and_then(|c| mem.outputs.get(&c.id))
+                .cloned()
+                .unwrap_or_default(),
             image_id: container.and_then(|c| c.image_id.clone()),
             image_digest: container.and_then(pinned_image),
             ready,

@@ -725,7 +725,6 @@ fn every_listed_lease_its_unlisted_containers_and_unheard_start_failures_are_rep
         1,
         RunFacts {
             last_checkpoint_at: Some(42),
-            outputs: BTreeMap::new(),
         },
     )]);
     let listed = [running, stopping, waiting, missing];
@@ -953,4 +952,34 @@ fn on_a_node_already_lent_a_held_member_waits_with_free_gpus_and_starts_when_tol
         )[0],
         Step::Replica(ReplicaEvent::DrainBegan)
     );
+}
+
+#[test]
+fn an_exited_containers_outputs_are_read_once_and_forgotten_with_it() {
+    let (exited, running, unlisted) = (
+        lease(1, 1, vec![0]),
+        lease(2, 2, vec![1]),
+        lease(3, 3, vec![2]),
+    );
+    let containers = vec![
+        job("c1", &exited, ContainerState::Exited { exit_code: 0 }),
+        job("c2", &running, ContainerState::Running),
+        job("c3", &unlisted, ContainerState::Exited { exit_code: 0 }),
+    ];
+    let listed = [exited, running];
+    let mut mem = Memory::default();
+    let due: Vec<&str> = mem
+        .outputs_due(&listed, &containers)
+        .iter()
+        .map(|(_, c)| c.id.as_str())
+        .collect();
+    assert_eq!(due, ["c1"], "only the listed lease's exited container");
+    mem.outputs
+        .insert("c1".into(), BTreeMap::from([("loss".into(), "0.1".into())]));
+    assert!(
+        mem.outputs_due(&listed, &containers).is_empty(),
+        "read once"
+    );
+    mem.removed(&containers[0]);
+    assert!(mem.outputs.is_empty(), "forgotten with its container");
 }
