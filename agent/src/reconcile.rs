@@ -97,10 +97,6 @@ pub struct Reconciler<E, G, S> {
     >,
 }
 
-/// Tries of a checkpoint upload, 2, 4, 8 and 16 s apart (each request is also tried
-/// again on its own).
-const UPLOAD_TRIES: u32 = 5;
-
 /// How often a sequence that waits looks again.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
 

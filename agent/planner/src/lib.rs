@@ -35,6 +35,6 @@ pub use layout::{CheckpointLayout, gang_rank};
 pub use lifecycle::{IllegalMove, ReplicaEvent};
 pub use plan::{
     Health, Memory, Note, Observation, Phase, ReplicaProbe, Restore, Stale, StartFailure, Step,
-    StopJob, Stuck, Upload, honoured, plan, unrestored, unstarted,
+    StopJob, Stuck, UPLOAD_TRIES, Upload, honoured, plan, unrestored, unstarted, upload_retry,
 };
 pub use time::Moment;

@@ -299,6 +299,19 @@ impl Memory {
         due
     }
 
+    /// The restore of `lease`'s checkpoint from the object store ended: done, from the
+    /// checkpoint of epoch `from_epoch` (`None`: there was none, the attempt starts afresh),
+    /// or failed for a reason, which fails the lease's start: its job does not start
+    /// without the checkpoint it would resume from.
+    pub fn restore_ended(&mut self, lease: LeaseGrant, outcome: Result<Option<u64>, String>) {
+        match outcome {
+            Ok(from_epoch) => self.restored(lease, from_epoch),
+            Err(reason) => {
+                self.failed_to_start(&lease, format!("restoring the checkpoint: {reason}"), false)
+            }
+        }
+    }
+
     /// The checkpoint of `lease` was restored from the object store, from `from_epoch`'s.
     pub fn restored(&mut self, lease: LeaseGrant, from_epoch: Option<u64>) {
         self.restored.insert(
@@ -444,6 +457,16 @@ impl Memory {
         self.start_failures
             .retain(|_, f| f.unlisted_since.is_none_or(|t| now.duration_since(t) < ttl));
     }
+}
+
+/// Tries of one checkpoint upload at most (each request is also tried again on its own).
+pub const UPLOAD_TRIES: u32 = 5;
+
+/// After `tries` failed tries of a checkpoint upload, how long to wait before the whole
+/// upload is tried again (2, 4, 8 and 16 s: the bucket may be back); `None`: give up, and a
+/// later attempt resumes from an older checkpoint.
+pub fn upload_retry(tries: u32) -> Option<Duration> {
+    (tries < UPLOAD_TRIES).then(|| Duration::from_secs(1 << tries.min(16)))
 }
 
 /// A checkpoint upload to start: the directory of an attempt whose container exited (or

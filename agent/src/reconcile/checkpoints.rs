@@ -13,7 +13,7 @@ use crate::gpus::Gpus;
 use crate::job::{self, JobDirs};
 use crate::serving::ServingMetrics;
 
-use super::{Reconciler, UPLOAD_TRIES};
+use super::Reconciler;
 
 impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
     /// Starts restoring each lease's checkpoint from the bucket in the background, unless
@@ -90,18 +90,20 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                     source: std::io::Error::other(e),
                 })
             });
-            match result {
-                Ok(restored) => {
-                    tracing::info!(
-                        node = %self.node(), job.id = lease.job_id, lease.epoch = lease.epoch,
-                        from_epoch = ?restored.from_epoch, files = restored.files,
-                        bytes = restored.bytes, waited_s = restored.waited.as_secs_f64(),
-                        "checkpoint restored from the bucket"
-                    );
-                    self.mem.restored(lease, restored.from_epoch);
-                }
-                Err(e) => self.fail_start(&lease, format!("restoring the checkpoint: {e}"), false),
+            match &result {
+                Ok(restored) => tracing::info!(
+                    node = %self.node(), job.id = lease.job_id, lease.epoch = lease.epoch,
+                    from_epoch = ?restored.from_epoch, files = restored.files,
+                    bytes = restored.bytes, waited_s = restored.waited.as_secs_f64(),
+                    "checkpoint restored from the bucket"
+                ),
+                Err(e) => tracing::warn!(
+                    node = %self.node(), job.id = lease.job_id, lease.id = lease.lease_id,
+                    error = %e, "restoring the checkpoint failed: the job cannot start"
+                ),
             }
+            let outcome = result.map(|r| r.from_epoch).map_err(|e| e.to_string());
+            self.mem.restore_ended(lease, outcome);
         }
         let running: Vec<u64> = self.restores.keys().copied().collect();
         let (abort, uploads) = self.mem.forget_restores(leases, containers, running);
@@ -178,16 +180,15 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
                         }
                         return;
                     }
-                    // The whole upload again, a while later: the bucket may be back.
-                    Err(e) if tries < UPLOAD_TRIES => {
-                        let wait = Duration::from_secs(1 << tries);
-                        tracing::warn!(
-                            node = %node, job.id = job, lease.epoch = epoch, error = %e,
-                            retry_in_s = wait.as_secs(), "checkpoint upload failed; trying again"
-                        );
-                        tokio::time::sleep(wait).await;
-                    }
                     Err(e) => {
+                        if let Some(wait) = nightshift_planner::upload_retry(tries) {
+                            tracing::warn!(
+                                node = %node, job.id = job, lease.epoch = epoch, error = %e,
+                                retry_in_s = wait.as_secs(), "checkpoint upload failed; trying again"
+                            );
+                            tokio::time::sleep(wait).await;
+                            continue;
+                        }
                         tracing::error!(
                             node = %node, job.id = job, lease.epoch = epoch, error = %e, tries,
                             "checkpoint upload failed: a later attempt resumes from an older one"

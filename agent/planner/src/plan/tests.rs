@@ -983,3 +983,25 @@ fn an_exited_containers_outputs_are_read_once_and_forgotten_with_it() {
     mem.removed(&containers[0]);
     assert!(mem.outputs.is_empty(), "forgotten with its container");
 }
+
+#[test]
+fn a_failed_restore_fails_the_start_and_a_failed_upload_is_tried_four_more_times() {
+    let l = lease(7, 3, vec![0]);
+    let mut mem = Memory::default();
+    mem.restore_ended(l.clone(), Err("the bucket answers 403".into()));
+    let failure = &mem.start_failures[&7];
+    assert!(
+        matches!(&failure.run.state, JobRunState::FailedToStart { message, refused_by_host: false }
+            if message == "restoring the checkpoint: the bucket answers 403"),
+        "{:?}",
+        failure.run.state
+    );
+    assert!(!mem.restored.contains_key(&7));
+    mem.restore_ended(lease(8, 4, vec![1]), Ok(Some(3)));
+    assert_eq!(mem.restored[&8].from_epoch, Some(3));
+
+    let waits: Vec<Option<u64>> = (1..=UPLOAD_TRIES)
+        .map(|t| upload_retry(t).map(|d| d.as_secs()))
+        .collect();
+    assert_eq!(waits, [Some(2), Some(4), Some(8), Some(16), None]);
+}
