@@ -2,7 +2,6 @@
 //! the bucket before its job starts, and each exited attempt's uploaded, in the background.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use nightshift_common::{LeaseGrant, SequenceKind};
 use tokio::time::Instant;
