@@ -1,9 +1,44 @@
 //! What the baselines know with hindsight: the replicas each minute needs, the oracle's
-//! harvest, and the best fixed daily window.
+//! harvest, and the best fixed daily window, which the core then runs as its own schedule
+//! ([`window_config`]): the same placement, lending and reclaim code as every other policy.
 
+use nightshift_core::{CoreConfig, HarvestWindow};
+
+use crate::config::SimConfig;
 use crate::model::ReplicaModel;
-use crate::plan::Window;
 use crate::timeline::MinuteSample;
+
+/// Every day, `lent` nodes are lent from `start_s` to `end_s` (seconds after midnight; a
+/// window may wrap past midnight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start_s: u64,
+    pub end_s: u64,
+    pub lent: u32,
+}
+
+/// The core's configuration for a fixed daily window: harvesting only inside it (every
+/// lent node taken back as it closes, a reclaim lead before its end), `window.lent` nodes
+/// beyond `max_replicas` lent whatever the load as far as the queue uses them, none lent
+/// for low load, none taken back for pressure inside the window, and no forecast. Jobs are
+/// placed by the core's one placement model, as under every other policy.
+pub fn window_config(cfg: &SimConfig, window: Window) -> CoreConfig {
+    let mut core = cfg.core_config();
+    for service in &mut core.services {
+        service.predictive = false;
+        service.harvest_windows = vec![HarvestWindow {
+            days: 0x7f,
+            start: (window.start_s / 60) as u32,
+            end: (window.end_s / 60) as u32,
+        }];
+        // The simulation's clock starts at a UTC midnight, as the window's seconds do.
+        service.utc_offset_minutes = 0;
+        service.max_replicas = Some(cfg.nodes.saturating_sub(window.lent));
+        // Never low enough to lend more: only the window's nodes are lent.
+        service.scale_down.max_waiting = -1.0;
+    }
+    core
+}
 
 /// Replicas each minute needs: the minute's mean arrival rate over one replica's capacity
 /// at its target utilisation, rounded up, at least `floor`.

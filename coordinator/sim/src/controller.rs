@@ -1,7 +1,7 @@
-//! What decides for the simulated fleet: the real decision core ([`CoreController`], the
-//! `nightshift` and `reactive` policies) or a fixed lending schedule ([`PlanController`] in
-//! `plan.rs`, the `fixed-window` and `night-20-08` baselines). Both speak the agent protocol's
-//! types, so the simulated agents cannot tell them apart.
+//! What decides for the simulated fleet: the real decision core ([`CoreController`]), for
+//! every policy: `nightshift` and `reactive` as configured, the `fixed-window` and
+//! `night-20-08` baselines on a fixed schedule (`baseline::window_config`). It speaks the
+//! agent protocol's types, as the coordinator does.
 
 use nightshift_common::{DesiredNode, GpuInfo, Heartbeat, JobSpec, JobState, UnixMillis};
 use nightshift_core::{Core, CoreConfig, CoreSnapshot, Effect};

@@ -19,7 +19,6 @@ pub mod host;
 pub mod ledger;
 pub mod model;
 mod par;
-pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod timeline;
@@ -34,9 +33,8 @@ pub use crate::report::{PolicyResult, Report, RunInfo};
 pub use crate::trace::{Trace, TraceError};
 
 use crate::controller::{CoreController, NoForecast};
-use crate::plan::PlanController;
 use crate::report::Figures;
-use crate::world::{ORIGIN, Outcome, World};
+use crate::world::{Outcome, World};
 
 /// The policies a run can compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +144,6 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
         days: cfg.days,
         gpu_hour_price: cfg.gpu_hour_price,
     };
-    let ttl_ms = cfg.lease_ttl_s * 1_000;
     let cold = cfg.lifecycle.start_s();
     let run = |policy: Policy| -> PolicyResult {
         match policy {
@@ -166,7 +163,8 @@ pub fn simulate(trace: &Trace, cfg: &SimConfig, policies: &[Policy]) -> Result<R
                 } else {
                     baseline::night_window(&need, cfg.nodes, cold)
                 };
-                let controller = PlanController::new(window, ORIGIN, ttl_ms);
+                let core = baseline::window_config(cfg, window);
+                let controller = CoreController::new(core, Box::new(NoForecast));
                 let o = World::new(cfg, &arrivals, &need, &faults, Box::new(controller)).run();
                 figures.policy(policy.name(), &o, Some(window))
             }

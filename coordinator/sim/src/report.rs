@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::plan::Window;
+use crate::baseline::Window;
 use crate::timeline::MinuteSample;
 use crate::trace::Gap;
 use crate::world::Outcome;

@@ -69,8 +69,11 @@ fn figures_follow_their_definitions() {
     for p in &report.policies {
         assert_eq!(p.oracle_gpu_hours, oracle.oracle_gpu_hours, "{}", p.name);
         let close = |a: f64, b: f64| (a - b).abs() <= 0.011;
+        // The ratio is printed to 4 decimals, the GPU-hours to 2: the product is off by at
+        // most half of each last digit.
+        let rounding = 0.5e-4 * p.oracle_gpu_hours + 0.005;
         assert!(
-            close(p.harvest_ratio * p.oracle_gpu_hours, p.useful_gpu_hours),
+            (p.harvest_ratio * p.oracle_gpu_hours - p.useful_gpu_hours).abs() <= rounding,
             "{}",
             p.name
         );

@@ -2,15 +2,22 @@
 //! arrivals whose queue can be worked out by hand: a fixed lending plan, so that which
 //! replicas are ready is known at every second.
 
+use nightshift_core::CoreConfig;
 use nightshift_sim::baseline::need_per_minute;
-use nightshift_sim::plan::{PlanController, Window};
+use nightshift_sim::baseline::{Window, window_config};
+use nightshift_sim::controller::{CoreController, NoForecast};
 use nightshift_sim::report::Figures;
-use nightshift_sim::world::{ORIGIN, World};
+use nightshift_sim::world::World;
 use nightshift_sim::{PolicyResult, SimConfig};
 
 fn run(cfg: &SimConfig, arrivals: &[u32], window: Window) -> PolicyResult {
+    run_core(cfg, arrivals, window, window_config(cfg, window))
+}
+
+/// The core configured as `core`, lending on `window`.
+fn run_core(cfg: &SimConfig, arrivals: &[u32], window: Window, core: CoreConfig) -> PolicyResult {
     let need = need_per_minute(arrivals, &cfg.replica, cfg.min_replicas);
-    let controller = PlanController::new(window, ORIGIN, cfg.lease_ttl_s * 1_000);
+    let controller = CoreController::new(core, Box::new(NoForecast));
     let o = World::new(cfg, arrivals, &need, &[], Box::new(controller)).run();
     let figures = Figures {
         oracle_gpu_hours: 1.0,
@@ -78,22 +85,28 @@ fn the_gate_is_the_wait_users_feel_and_capacity_minutes_only_plan() {
 #[test]
 fn a_request_that_finds_no_ready_replica_waits_until_one_is_ready() {
     // One host, lent for the first two minutes: its replica drains and stops, a job runs,
-    // and at 120 s the job is signalled, saves for 20 s, and the replica cold-starts in
+    // and at 140 s the job is signalled, saves for 20 s, and the replica cold-starts in
     // 60 s. A request a second arrives all along.
     let mut cfg = SimConfig {
         nodes: 1,
-        min_replicas: 1,
+        // No floor: the core lends the only node (with a floor of one it never would).
+        min_replicas: 0,
         ..SimConfig::default()
     };
     cfg.lifecycle.cold_start_s = 60;
+    // The core closes a window its reclaim lead before the end: told 100 s until it has
+    // measured one (about as long as this reclaim takes), it closes this one at 140 s, and
+    // the lead it measures then keeps it closed.
     let window = Window {
         start_s: 0,
-        end_s: 120,
+        end_s: 240,
         lent: 1,
     };
+    let mut core = window_config(&cfg, window);
+    core.services[0].default_reclaim_lead_ms = 100_000;
     let arrivals = vec![1u32; 600];
-    let p = run(&cfg, &arrivals, window);
-    // The first request without a replica waits from the first seconds until 120 + 20 + 60 s
+    let p = run_core(&cfg, &arrivals, window, core);
+    // The first request without a replica waits from the first seconds until 140 + 20 + 60 s
     // at the earliest; with drains, stops and heartbeats, within a minute of that.
     let worst = p.worst_wait_s_per_day[0];
     assert!((195.0..260.0).contains(&worst), "worst wait {worst} s");
