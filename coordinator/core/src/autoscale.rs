@@ -79,10 +79,12 @@ impl Core {
             }
             return;
         }
-        // Nodes beyond max_replicas are lendable whatever the load.
+        // Ready replicas beyond max_replicas are lendable whatever the load; a node still
+        // coming back is not yet one, and lending a ready replica for it would leave the
+        // service short until it is.
         let above_max = policy
             .max_replicas
-            .map_or(0, |m| load.serve_nodes.saturating_sub(m as usize));
+            .map_or(0, |m| load.ready.saturating_sub(m as usize));
         if above_max > 0 {
             for node in self.lend_candidates(now, &policy, above_max) {
                 self.set_mode(now, &node, NodeMode::Lend);

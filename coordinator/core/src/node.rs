@@ -106,31 +106,43 @@ impl Node {
         }
     }
 
-    /// How long the latest reclaim recorded among the kept phases took: the latest
-    /// `stop_jobs`, `confirm_free`, replica (`start_replica`, or `wake_replica` for a
-    /// replica lent asleep) and `wait_health` phases of reclaims, summed; none until a
-    /// replica start or wake was recorded (the part no reclaim can skip).
+    /// How long the latest complete reclaim among the kept phases took: its `stop_jobs`,
+    /// `confirm_free`, replica (`start_replica`, or `wake_replica` for a replica lent
+    /// asleep) and `wait_health` phases, summed. A reclaim counts once its `wait_health` is
+    /// recorded: one under way has reported only its quick first phases, and counting them
+    /// would make the lead look seconds long while the replica still loads. `None` until a
+    /// reclaim with a replica start or wake (the part no reclaim can skip) completed.
     pub fn reclaim_ms(&self) -> Option<u64> {
         self.reclaim_ms
     }
 
     fn latest_reclaim_ms(&self) -> Option<u64> {
-        const PHASES: [&str; 3] = ["stop_jobs", "confirm_free", "wait_health"];
+        let reclaims: Vec<&PhaseRecord> = self
+            .phases
+            .iter()
+            .filter(|p| p.sequence == nightshift_common::SequenceKind::Reclaim)
+            .collect();
+        let health = |p: &&PhaseRecord| p.phase == "wait_health";
+        // The latest reclaim that ended: from the latest `wait_health` back to the one
+        // before it.
+        let end = reclaims.iter().rposition(health)?;
+        let start = reclaims[..end]
+            .iter()
+            .rposition(health)
+            .map_or(0, |i| i + 1);
+        let span = &reclaims[start..=end];
         let latest = |phase: &dyn Fn(&str) -> bool| {
-            self.phases
-                .iter()
+            span.iter()
                 .rev()
-                .find(|p| p.sequence == nightshift_common::SequenceKind::Reclaim && phase(&p.phase))
+                .find(|p| phase(&p.phase))
                 .map(|p| p.duration_ms)
         };
         let replica = latest(&|p| p == "start_replica" || p == "wake_replica")?;
-        Some(
-            replica
-                + PHASES
-                    .iter()
-                    .filter_map(|&name| latest(&|p| p == name))
-                    .sum::<u64>(),
-        )
+        let rest: u64 = ["stop_jobs", "confirm_free", "wait_health"]
+            .iter()
+            .filter_map(|&name| latest(&|p| p == name))
+            .sum();
+        Some(replica + rest)
     }
 
     /// Heard from within `ttl_ms`. A node never heard from since the coordinator started
@@ -297,9 +309,16 @@ mod tests {
             timed(3, "wait_health", 500),
         ]);
         assert_eq!(n.reclaim_ms(), Some(26_500));
-        // A later cold start replaces the wake: the latest replica phase counts.
-        n.record_phases(&[timed(4, "start_replica", 225_000)]);
-        assert_eq!(n.reclaim_ms(), Some(245_500));
+        // The next reclaim, a cold start, counts only once it has ended: while its replica
+        // loads, the lead stays the last whole reclaim's, not the seconds reported so far.
+        n.record_phases(&[
+            timed(4, "stop_jobs", 20_000),
+            timed(5, "confirm_free", 1_000),
+            timed(6, "start_replica", 500),
+        ]);
+        assert_eq!(n.reclaim_ms(), Some(26_500), "a reclaim under way");
+        n.record_phases(&[timed(7, "wait_health", 225_000)]);
+        assert_eq!(n.reclaim_ms(), Some(246_500));
     }
 
     fn kept(n: &Node) -> Vec<(u64, String)> {

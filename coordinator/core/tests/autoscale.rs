@@ -51,6 +51,55 @@ fn nodes_beyond_max_replicas_are_lent_whatever_the_load() {
     assert_eq!(lent(&c), 2);
 }
 
+/// Replicas ready and serving, as the load balancer sees them.
+fn ready(c: &Cluster) -> usize {
+    c.agents
+        .iter()
+        .filter(|a| a.agent.ready() && c.core.desired(&a.name).is_some_and(|d| d.serve))
+        .count()
+}
+
+#[test]
+fn a_node_coming_back_is_not_traded_for_the_ready_replica_beyond_max_replicas() {
+    let mut cfg = config(1);
+    cfg.services[0].max_replicas = Some(1);
+    let mut c = Cluster::new(cfg, &[("a", 4), ("b", 4), ("c", 4)]);
+    // A model that takes 10 s to load.
+    for a in &mut c.agents {
+        a.host.timings.replica_start = std::time::Duration::from_secs(10);
+    }
+    queue_long_jobs(&mut c, 2);
+    c.run(10);
+    assert_eq!((lent(&c), ready(&c)), (2, 1));
+    // One job is cancelled: its node, idle, goes back to serving and starts its replica.
+    // Another job arrives while it loads. The one ready replica stays: only a replica
+    // ready beyond max_replicas is lent, never the last one for one still loading.
+    c.core.cancel(c.now, 1).unwrap();
+    let coming_back = |c: &Cluster| {
+        c.agents.iter().any(|a| {
+            c.core.desired(&a.name).is_some_and(|d| d.serve)
+                && a.replica() == nightshift_common::ReplicaState::Starting
+        })
+    };
+    for _ in 0..10 {
+        if coming_back(&c) {
+            break;
+        }
+        c.run(1);
+    }
+    assert!(coming_back(&c), "the idle node's replica loads");
+    queue_long_jobs(&mut c, 1);
+    for _ in 0..20 {
+        c.run(1);
+        assert!(ready(&c) >= 1, "at {}: no ready replica", c.now);
+    }
+    assert_eq!(
+        (lent(&c), ready(&c)),
+        (2, 1),
+        "lent again once it was ready"
+    );
+}
+
 #[test]
 fn headroom_keeps_spare_replicas_serving() {
     for (headroom, expect) in [(0, 2), (1, 1)] {
