@@ -195,8 +195,8 @@ pub struct Host {
     /// Where the host keeps checkpoints (its facts report storage other than its own disk).
     pub storage: CheckpointStorage,
     /// Something outside the agent changed what it observes (the engine restarted, the disk
-    /// filled, an image went missing): the agent, which looks every
-    /// second, sees it at its next look.
+    /// filled, an image went missing): the agent, which looks every second, sees it at its
+    /// next look.
     touched: bool,
 }
 
