@@ -872,6 +872,77 @@ impl Bucket {
         self.put(&layout.manifest(job, epoch), bytes).await?;
         Ok(manifest)
     }
+
+    /// Restores into `dir`, the directory of an attempt no container has used yet: any
+    /// leftover of an earlier try removed first, its parent made, the newest complete
+    /// checkpoint below `epoch` written in ([`Bucket::restore`]) and the directory opened to
+    /// the job's group.
+    pub async fn restore_fresh(
+        &self,
+        job: u64,
+        rank: Option<u32>,
+        epoch: u64,
+        attempt: u32,
+        node: &str,
+        dir: &Path,
+    ) -> Result<Restored, BucketError> {
+        let local = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| BucketError::Local { path, source }
+        };
+        if tokio::fs::try_exists(dir).await.unwrap_or(false) {
+            tokio::fs::remove_dir_all(dir).await.map_err(local(dir))?;
+        }
+        if let Some(parent) = dir.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(local(parent))?;
+        }
+        let restored = self.restore(job, rank, epoch, attempt, node, dir).await?;
+        crate::job::open_to_group(dir).map_err(local(dir))?;
+        Ok(restored)
+    }
+
+    /// Uploads `dir` ([`Bucket::upload`]), the whole upload tried again on the planner's
+    /// schedule ([`nightshift_planner::upload_retry`]: the bucket may be back), then removes
+    /// `dir` from the host: the bucket holds it, and a later attempt, here or elsewhere,
+    /// restores from there. The manifest and the tries it took, or the last error and the
+    /// tries; a directory that could not be uploaded stays.
+    pub async fn upload_retrying(
+        &self,
+        job: u64,
+        rank: Option<u32>,
+        epoch: u64,
+        node: &str,
+        dir: &Path,
+    ) -> Result<(Manifest, u32), (BucketError, u32)> {
+        let mut tries = 0;
+        let manifest = loop {
+            tries += 1;
+            match self.upload(job, rank, epoch, node, dir).await {
+                Ok(manifest) => break manifest,
+                Err(e) => match nightshift_planner::upload_retry(tries) {
+                    Some(wait) => {
+                        tracing::warn!(
+                            node, job.id = job, lease.epoch = epoch, error = %e,
+                            retry_in_s = wait.as_secs(), "checkpoint upload failed; trying again"
+                        );
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => return Err((e, tries)),
+                },
+            }
+        };
+        if let Err(e) = tokio::fs::remove_dir_all(dir).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(
+                node, dir = %dir.display(), error = %e,
+                "removing an uploaded checkpoint directory failed"
+            );
+        }
+        Ok((manifest, tries))
+    }
 }
 
 /// `<Code>` and `<Message>` of an S3 error body, else the start of the body.

@@ -32,30 +32,9 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
             let (job, epoch, attempt) = (lease.job_id, lease.epoch, lease.attempt);
             let rank = job::gang_rank(lease);
             let task = tokio::spawn(async move {
-                if tokio::fs::try_exists(&dir).await.unwrap_or(false) {
-                    tokio::fs::remove_dir_all(&dir)
-                        .await
-                        .map_err(|source| BucketError::Local {
-                            path: dir.display().to_string(),
-                            source,
-                        })?;
-                }
-                if let Some(parent) = dir.parent() {
-                    tokio::fs::create_dir_all(parent).await.map_err(|source| {
-                        BucketError::Local {
-                            path: parent.display().to_string(),
-                            source,
-                        }
-                    })?;
-                }
-                let restored = bucket
-                    .restore(job, rank, epoch, attempt, &node, &dir)
-                    .await?;
-                crate::job::open_to_group(&dir).map_err(|source| BucketError::Local {
-                    path: dir.display().to_string(),
-                    source,
-                })?;
-                Ok(restored)
+                bucket
+                    .restore_fresh(job, rank, epoch, attempt, &node, &dir)
+                    .await
             });
             self.restores.insert(lease.lease_id, (lease.clone(), task));
         }
@@ -153,48 +132,22 @@ impl<E: Engine, G: Gpus, S: ServingMetrics> Reconciler<E, G, S> {
         let (node, shared) = (self.node().to_owned(), self.shared.clone());
         tokio::spawn(async move {
             let began = Instant::now();
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                match bucket.upload(job, rank, epoch, &node, &dir).await {
-                    Ok(manifest) => {
-                        let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
-                        tracing::info!(
-                            node = %node, job.id = job, lease.epoch = epoch,
-                            files = manifest.files.len(), bytes, tries,
-                            took_s = began.elapsed().as_secs_f64(), "checkpoint uploaded"
-                        );
-                        if let Some(t) = phase_began {
-                            shared.record_phase(SequenceKind::Reclaim, "upload_checkpoint", t);
-                        }
-                        // The bucket holds it now: the host's copy would only fill the disk
-                        // (a later attempt, here or elsewhere, restores from the bucket).
-                        if let Err(e) = tokio::fs::remove_dir_all(&dir).await
-                            && e.kind() != std::io::ErrorKind::NotFound
-                        {
-                            tracing::warn!(
-                                node = %node, dir = %dir.display(), error = %e,
-                                "removing an uploaded checkpoint directory failed"
-                            );
-                        }
-                        return;
-                    }
-                    Err(e) => {
-                        if let Some(wait) = nightshift_planner::upload_retry(tries) {
-                            tracing::warn!(
-                                node = %node, job.id = job, lease.epoch = epoch, error = %e,
-                                retry_in_s = wait.as_secs(), "checkpoint upload failed; trying again"
-                            );
-                            tokio::time::sleep(wait).await;
-                            continue;
-                        }
-                        tracing::error!(
-                            node = %node, job.id = job, lease.epoch = epoch, error = %e, tries,
-                            "checkpoint upload failed: a later attempt resumes from an older one"
-                        );
-                        return;
+            match bucket.upload_retrying(job, rank, epoch, &node, &dir).await {
+                Ok((manifest, tries)) => {
+                    let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
+                    tracing::info!(
+                        node = %node, job.id = job, lease.epoch = epoch,
+                        files = manifest.files.len(), bytes, tries,
+                        took_s = began.elapsed().as_secs_f64(), "checkpoint uploaded"
+                    );
+                    if let Some(t) = phase_began {
+                        shared.record_phase(SequenceKind::Reclaim, "upload_checkpoint", t);
                     }
                 }
+                Err((e, tries)) => tracing::error!(
+                    node = %node, job.id = job, lease.epoch = epoch, error = %e, tries,
+                    "checkpoint upload failed: a later attempt resumes from an older one"
+                ),
             }
         });
     }
