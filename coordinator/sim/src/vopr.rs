@@ -200,21 +200,32 @@ pub fn shrink(run: &SeedRun, cfg: &VoprConfig) -> SeedRun {
             break;
         }
         let size = n.div_ceil(chunks);
+        let starts: Vec<usize> = (0..n).step_by(size).collect();
         let mut fewer = None;
-        for start in (0..n).step_by(size) {
-            if runs >= SHRINK_RUNS {
+        // The chunks are tried a core's worth at a time, all of a batch at once; the first
+        // that still fails, in chunk order, is taken, and only the reruns up to it count:
+        // the result and the budget are those of trying them one by one.
+        'round: for batch in starts.chunks(cores()) {
+            let batch = &batch[..batch.len().min(SHRINK_RUNS.saturating_sub(runs))];
+            if batch.is_empty() {
                 break;
             }
-            let rest: Vec<Fault> = best.faults[..start]
-                .iter()
-                .chain(&best.faults[(start + size).min(n)..])
-                .copied()
-                .collect();
-            runs += 1;
-            let tried = run_seed(run.seed, cfg, &rest);
-            if tried.failed() {
-                fewer = Some(tried);
-                break;
+            let order: Vec<usize> = (0..batch.len()).collect();
+            let tried = crate::par::map(&order, |k| {
+                let start = batch[k];
+                let rest: Vec<Fault> = best.faults[..start]
+                    .iter()
+                    .chain(&best.faults[(start + size).min(n)..])
+                    .copied()
+                    .collect();
+                run_seed(run.seed, cfg, &rest)
+            });
+            for t in tried {
+                runs += 1;
+                if t.failed() {
+                    fewer = Some(t);
+                    break 'round;
+                }
             }
         }
         match fewer {
@@ -227,6 +238,29 @@ pub fn shrink(run: &SeedRun, cfg: &VoprConfig) -> SeedRun {
         }
     }
     best
+}
+
+/// The machine's cores: how many reruns a shrink or a hunt tries at once.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// The first of `seeds`, in order, whose run fails, looked for a core's worth of seeds at a
+/// time; `None` when none does.
+pub fn hunt(seeds: Range<u64>, cfg: &VoprConfig) -> Option<SeedRun> {
+    let list: Vec<u64> = seeds.collect();
+    for batch in list.chunks(cores()) {
+        let order: Vec<usize> = (0..batch.len()).collect();
+        let runs = crate::par::map(&order, |k| {
+            let seed = batch[k];
+            let sim = cfg.sim_config(seed);
+            run_seed(seed, cfg, &faults(seed, cfg, &sim))
+        });
+        if let Some(failed) = runs.into_iter().find(SeedRun::failed) {
+            return Some(failed);
+        }
+    }
+    None
 }
 
 /// What a batch of seeds found.

@@ -41,15 +41,9 @@ fn seeds_under_every_kind_of_fault_keep_every_invariant() {
 #[test]
 fn a_planted_late_fail_safe_is_found_with_its_seed_and_a_short_fault_list() {
     let cfg = VoprConfig::default();
-    // Seeds in order until one fails, as a hunt would go (about one seed in three finds
-    // it: it needs a cut-off while a job runs).
-    let failed = (0..32)
-        .map(|seed| {
-            let sim = cfg.sim_config(seed);
-            vopr::run_seed(seed, &cfg, &vopr::faults(seed, &cfg, &sim))
-        })
-        .find(|run| run.failed())
-        .expect("the planted bug is found in 32 seeds");
+    // Seeds in order until one fails (about one seed in three finds it: it needs a cut-off
+    // while a job runs).
+    let failed = vopr::hunt(0..32, &cfg).expect("the planted bug is found in 32 seeds");
     let found = vopr::shrink(&failed, &cfg);
     eprintln!("seed {}: {:?}", found.seed, found.violations);
     for fault in &found.faults {
