@@ -4,12 +4,14 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// The machine's cores: how many pieces run at once (a shrink's or a hunt's batch).
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 /// Workers for `items` pieces: one per core, never more than there are pieces.
 fn workers(items: usize) -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(items)
-        .max(1)
+    cores().min(items).max(1)
 }
 
 /// Runs `work(&mut acc, item)` for every item in `0..items`; each worker takes the next

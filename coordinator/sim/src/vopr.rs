@@ -205,7 +205,7 @@ pub fn shrink(run: &SeedRun, cfg: &VoprConfig) -> SeedRun {
         // The chunks are tried a core's worth at a time, all of a batch at once; the first
         // that still fails, in chunk order, is taken, and only the reruns up to it count:
         // the result and the budget are those of trying them one by one.
-        'round: for batch in starts.chunks(cores()) {
+        'round: for batch in starts.chunks(crate::par::cores()) {
             let batch = &batch[..batch.len().min(SHRINK_RUNS.saturating_sub(runs))];
             if batch.is_empty() {
                 break;
@@ -240,16 +240,11 @@ pub fn shrink(run: &SeedRun, cfg: &VoprConfig) -> SeedRun {
     best
 }
 
-/// The machine's cores: how many reruns a shrink or a hunt tries at once.
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
 /// The first of `seeds`, in order, whose run fails, looked for a core's worth of seeds at a
 /// time; `None` when none does.
 pub fn hunt(seeds: Range<u64>, cfg: &VoprConfig) -> Option<SeedRun> {
     let list: Vec<u64> = seeds.collect();
-    for batch in list.chunks(cores()) {
+    for batch in list.chunks(crate::par::cores()) {
         let order: Vec<usize> = (0..batch.len()).collect();
         let runs = crate::par::map(&order, |k| {
             let seed = batch[k];
