@@ -481,6 +481,12 @@ pub struct Restored {
     pub waited: Duration,
 }
 
+/// Maps an I/O error at `path` on the host to [`BucketError::Local`], naming the path.
+fn local(path: &Path) -> impl FnOnce(std::io::Error) -> BucketError {
+    let path = path.display().to_string();
+    move |source| BucketError::Local { path, source }
+}
+
 impl Bucket {
     pub fn new(cfg: &ObjectConfig) -> Result<Self, ObjectConfigError> {
         cfg.check()?;
@@ -724,10 +730,6 @@ impl Bucket {
         dir: &Path,
     ) -> Result<Restored, BucketError> {
         let layout = self.layout.rank(rank);
-        let local = |p: &Path| {
-            let path = p.display().to_string();
-            move |source| BucketError::Local { path, source }
-        };
         let began = tokio::time::Instant::now();
         let mut logged = false;
         // Epochs started by this same attempt (a gang's other members): never waited for.
@@ -886,10 +888,6 @@ impl Bucket {
         node: &str,
         dir: &Path,
     ) -> Result<Restored, BucketError> {
-        let local = |path: &Path| {
-            let path = path.display().to_string();
-            move |source| BucketError::Local { path, source }
-        };
         if tokio::fs::try_exists(dir).await.unwrap_or(false) {
             tokio::fs::remove_dir_all(dir).await.map_err(local(dir))?;
         }
