@@ -2,7 +2,7 @@
 //! stopped (the planner does that first, `stop_jobs`); confirm the GPUs are free, start vLLM
 //! (or, asleep, wake it), wait for `/health`, and the replica serves, which makes it ready.
 //! A drain still waiting when the node should serve again is abandoned: the replica serves
-//! on. This is the planner's half of the reclaim, pure; the executor runs its steps.
+//! on (or, told to sleep already, is woken). This is the planner's half of the reclaim, pure; the executor runs its steps.
 
 use std::time::Duration;
 
@@ -49,7 +49,20 @@ pub fn plan(cfg: &PlanConfig, obs: &Observation, mem: &Memory, now: Moment) -> V
     let health_timeout = cfg.health_timeout;
     match mem.replica {
         ReplicaState::Serving => Vec::new(),
-        // A drain that was called off: ready again.
+        // A drain called off after vLLM was told to sleep: it sleeps, and is woken as a
+        // lend's reclaim wakes it. (Serving on would report a ready replica that answers
+        // nothing.)
+        ReplicaState::Draining
+            if p.is_sleeping == Some(true)
+                || matches!(mem.phase, Some((Phase::ConfirmAsleep, _))) =>
+        {
+            vec![
+                Step::Note(Note::DrainAbandoned),
+                Step::Replica(ReplicaEvent::Slept),
+                Step::Enter(None),
+            ]
+        }
+        // A drain that was called off before the replica was touched: ready again.
         ReplicaState::Draining => vec![
             Step::Note(Note::DrainAbandoned),
             Step::Replica(ReplicaEvent::DrainAbandoned),

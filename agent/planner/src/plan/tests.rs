@@ -302,6 +302,37 @@ fn a_drain_is_abandoned_when_the_node_should_serve_again() {
 }
 
 #[test]
+fn a_drain_called_off_after_the_replica_was_told_to_sleep_wakes_it() {
+    let (cfg, t0) = (cfg(), t0());
+    let serve = desired(true, &[]);
+    let mut obs = serving_host(0.0, GIB);
+    let told = memory(ReplicaState::Draining, Some((Phase::ConfirmAsleep, t0)));
+    let called_off = [
+        Step::Note(Note::DrainAbandoned),
+        Step::Replica(ReplicaEvent::Slept),
+        Step::Enter(None),
+    ];
+    assert_eq!(plan(&cfg, Some(&serve), &[], &obs, &told, t0), called_off);
+    // Seen asleep, whatever the phase (an agent restarted mid-sleep).
+    obs.replica.as_mut().unwrap().is_sleeping = Some(true);
+    let waiting = memory(ReplicaState::Draining, Some((Phase::WaitInFlight, t0)));
+    assert_eq!(
+        plan(&cfg, Some(&serve), &[], &obs, &waiting, t0),
+        called_off
+    );
+    // Then the reclaim wakes it once the GPUs are free.
+    let slept = memory(
+        ReplicaState::Sleeping,
+        Some((Phase::ConfirmFreeForWake, t0)),
+    );
+    assert!(
+        plan(&cfg, Some(&serve), &[], &obs, &slept, t0)
+            .iter()
+            .any(|s| matches!(s, Step::WakeReplica { .. }))
+    );
+}
+
+#[test]
 fn jobs_start_only_once_nvml_shows_their_gpus_free() {
     let (cfg, t0) = (cfg(), t0());
     let l = [lease(1, 1, vec![0, 1])];
