@@ -21,7 +21,7 @@ use nightshift_planner::{
     Memory, Moment, Phase, PlanConfig, ReplicaEvent, Step, lifecycle, pass, plan, runs,
 };
 
-use crate::host::{Host, Workload};
+use crate::host::{Host, RunError, Workload};
 
 /// How soon a waiting sequence looks again: the simulator's one-second step (the agent
 /// polls every 200 ms; a step of the model is a second).
@@ -329,19 +329,25 @@ impl Agent {
                     let until = host.stop(&id, grace, now, workload);
                     return self.block(until, now, Done::ReplicaStopped, steps);
                 }
-                Step::SleepReplica { .. } => match host.sleep(now) {
-                    Some(until) => return self.block(until, now, Done::Slept, steps),
-                    None => {
+                // The planner sleeps a drained replica: its requests are done, and the call
+                // answers within any timeout.
+                Step::SleepReplica { .. } => match host.sleep(now, Duration::MAX) {
+                    Ok(until) => return self.block(until, now, Done::Slept, steps),
+                    Err(_) => {
                         self.mem.sleep_failed(now);
                         return Flow::Next;
                     }
                 },
                 Step::WakeReplica { .. } => match host.wake(now) {
-                    Some(until) => return self.block(until, now, Done::Woken, steps),
-                    None => return Flow::Failed,
+                    Ok(until) => return self.block(until, now, Done::Woken, steps),
+                    Err(_) => return Flow::Failed,
                 },
                 Step::StartReplica => {
-                    host.start_replica(now);
+                    if host.start_replica(now).is_err() {
+                        self.replica_event(ReplicaEvent::Failed);
+                        self.mem.phase = None;
+                        return Flow::Failed;
+                    }
                     if !self.replica_event(ReplicaEvent::Started) {
                         return Flow::Failed;
                     }
@@ -350,9 +356,24 @@ impl Agent {
                 Step::StartJobs(leases) => {
                     for lease in &leases {
                         self.mem.fence(lease);
-                        host.start_job(lease, now, workload);
-                        if let Some(r) = self.mem.restored.get_mut(&lease.lease_id) {
-                            r.started = true;
+                        match host.start_job(lease, now, workload) {
+                            Ok(_) => {
+                                if let Some(r) = self.mem.restored.get_mut(&lease.lease_id) {
+                                    r.started = true;
+                                }
+                            }
+                            // The lease's own fault: its attempt fails and the others go on.
+                            Err(e @ (RunError::Missing | RunError::Refused(_))) => {
+                                let why = match e {
+                                    RunError::Refused(why) => why,
+                                    _ => format!("image {} is not on the host", lease.job.image),
+                                };
+                                self.mem.failed_to_start(lease, why, false);
+                            }
+                            Err(RunError::EngineDown) => {
+                                self.mem.engine_lost();
+                                return Flow::Failed;
+                            }
                         }
                     }
                     self.record(SequenceKind::Drain, "start_jobs", now, now);

@@ -14,6 +14,10 @@
 
 mod agent;
 mod host;
+mod images;
 
 pub use agent::{Agent, POLL};
-pub use host::{EngineDown, Exit, Host, Pull, Timings, Workload};
+pub use host::{
+    EngineDown, Exit, Host, Launch, Proc, RunError, Timings, VllmError, VllmView, Workload,
+};
+pub use images::{Image, Images, Pull};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use nightshift_common::{
     DesiredNode, JobRunState, JobSpec, LeaseGrant, ReplicaState, SequenceKind, ServingSignals,
 };
-use nightshift_hostmodel::{Agent, Exit, Host, Pull, Timings, Workload};
+use nightshift_hostmodel::{Agent, Exit, Host, Proc, Pull, Timings, Workload};
 use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
 
 /// Jobs that run for a set time, save in a set time, and whose exits are kept.
@@ -19,10 +19,10 @@ struct Jobs {
 }
 
 impl Workload for Jobs {
-    fn ends_at(&self, job: u64, started: Moment) -> Option<Moment> {
-        self.work.get(&job).map(|w| started + *w)
+    fn ends_at(&self, p: Proc<'_>, started: Moment) -> Option<Moment> {
+        self.work.get(&p.job).map(|w| started + *w)
     }
-    fn save(&self, _job: u64) -> Duration {
+    fn save(&self, _p: Proc<'_>) -> Duration {
         self.save
     }
     fn exited(&mut self, exit: &Exit) {
@@ -191,6 +191,27 @@ fn in_sleep_mode_the_replica_sleeps_through_the_job_and_wakes_after() {
     let took = rig.until(60, "the replica serves", |r| r.agent.ready());
     // 20 s of checkpoint, a 6 s wake.
     assert!((26..=30).contains(&took), "wake took {took} s");
+}
+
+#[test]
+fn a_lend_called_off_while_the_replica_falls_asleep_wakes_it_before_it_is_ready_again() {
+    let cfg = PlanConfig {
+        reclaim: ReclaimMode::Sleep,
+        ..PlanConfig::default()
+    };
+    let mut rig = Rig::new(cfg);
+    rig.agent.receive(desired(2, vec![lease(1, 1, &[0, 1])]));
+    // Told to sleep: no longer serving, its memory not yet released.
+    rig.until(60, "the replica is told to sleep", |r| {
+        r.host.replica_up() && !r.host.replica_serving()
+    });
+    rig.agent.receive(desired(3, vec![]));
+    rig.until(60, "the replica is ready", |r| r.agent.ready());
+    assert!(
+        rig.host.replica_serving(),
+        "ready only once vLLM is awake again"
+    );
+    assert!(!rig.host.lent(), "the called-off job never started");
 }
 
 #[test]

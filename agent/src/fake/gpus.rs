@@ -1,5 +1,5 @@
 //! The fake host's GPUs: [`FakeGpus`] (health, readings, injected failures) with the memory
-//! the node's containers hold on them, freed only some time after a container ends.
+//! the host model's containers hold on them, freed only some time after a container ends.
 
 use std::sync::{Arc, Mutex};
 
@@ -33,7 +33,7 @@ impl Gpus for FakeHostGpus {
         let mut w = lock(&self.world);
         w.settle();
         for s in &mut status {
-            s.memory_used_bytes += w.memory_used(s.index);
+            s.memory_used_bytes += w.host.gpu_used(s.index);
         }
         Ok(status)
     }

@@ -1,31 +1,34 @@
-//! Stateful fakes of the agent's ports, for tests without Docker, NVML or vLLM.
+//! The agent's ports over the host model, for tests without Docker, NVML or vLLM.
 //!
-//! One [`FakeNode`] is a small in-memory host: containers that start, run, exit on their own
-//! with a code, take their stop signal (or ignore it until the grace kills them); a vLLM in
-//! the replica container that becomes healthy after a while, drains its requests slowly,
-//! sleeps and wakes; and GPUs whose memory is held by the containers on them and frees only
-//! some time after a container ends. Its three handles implement the ports
-//! ([`crate::engine::Engine`], [`crate::gpus::Gpus`], [`crate::serving::ServingMetrics`])
-//! over that one world, so that what the agent does to one port shows in the others, as on a
-//! real host. Time is tokio's: under `tokio::time::pause()` a test runs a minute-long drain
-//! in microseconds. The host's own facts are [`crate::host::FixedHost`].
+//! One [`FakeNode`] is a [`nightshift_hostmodel::Host`], the pure virtual-time host that the
+//! fleet simulator and the coordinator's scenario tests run too, seen through the agent's
+//! ports: [`FakeEngine`] ([`crate::engine::Engine`]), [`FakeHostGpus`]
+//! ([`crate::gpus::Gpus`]) and [`FakeVllm`] ([`crate::serving::ServingMetrics`]), so that
+//! what the agent does to one port shows in the others, as on a real host. The model's time is
+//! tokio's, counted from the node's creation: under `tokio::time::pause()` a test runs a
+//! minute-long drain in microseconds, and a port's call that takes time (a stop, a pull, a
+//! sleep) waits on tokio's clock until the model says it returns. The host's own facts are
+//! [`crate::host::FixedHost`].
 //!
-//! Failures are injected by the test: an image that is missing or refused, a vLLM whose sleep
-//! frees too little memory or fails, a container that ignores its signal.
+//! What a container does is its image's [`Behaviour`]; failures are injected by the test: an
+//! image that is missing or refused, a vLLM whose sleep frees too little memory or fails, a
+//! container that ignores its signal, an engine that stops.
 
 mod engine;
 mod gpus;
 mod vllm;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use nightshift_common::labels;
+use nightshift_hostmodel::{Exit, Host, Proc, Timings, Workload};
+use nightshift_planner::Moment;
 use tokio::time::Instant;
 
 use crate::engine::registry::repository;
-use crate::engine::{Container, ContainerState, GpuAccess, ImageInfo};
+use crate::engine::{Container, GpuAccess};
 use crate::gpus::fake::FakeGpus;
 
 pub use engine::{EngineCall, FakeEngine};
@@ -99,164 +102,67 @@ impl Default for VllmBehaviour {
     }
 }
 
-/// Requests in flight on the replica: `total` at `since`, one finishing every `every`, at
-/// most `max_running` of them running at once (the rest wait).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Load {
-    total: u64,
-    max_running: u64,
-    every: Duration,
-    since: Instant,
-}
+/// The images' behaviours: the model's workload.
+#[derive(Debug, Default)]
+struct Behaviours(BTreeMap<String, Behaviour>);
 
-impl Load {
-    fn left(&self, now: Instant) -> u64 {
-        if self.every.is_zero() {
-            return 0;
-        }
-        let done =
-            (now.saturating_duration_since(self.since).as_nanos() / self.every.as_nanos()) as u64;
-        self.total.saturating_sub(done)
+impl Behaviours {
+    fn of(&self, p: Proc<'_>) -> Behaviour {
+        self.0.get(p.image).cloned().unwrap_or_default()
     }
 }
 
-#[derive(Debug, Clone)]
-struct FakeContainer {
-    container: Container,
-    gpus: Vec<u32>,
-    behaviour: Behaviour,
-    started_at: Instant,
-    /// When it ends on its own or after a signal, and with what code.
-    ends: Option<(Instant, i64)>,
-    /// When it ended.
-    ended_at: Option<Instant>,
-    /// The files in its file system.
-    files: BTreeMap<String, Vec<u8>>,
-    /// vLLM asleep (the replica only).
-    asleep: bool,
-}
-
-impl FakeContainer {
-    fn is_replica(&self) -> bool {
-        self.container.labels.get(labels::ROLE).map(String::as_str) == Some(labels::ROLE_REPLICA)
+impl Workload for Behaviours {
+    fn ends_at(&self, p: Proc<'_>, started: Moment) -> Option<Moment> {
+        self.of(p).exits_after.map(|(after, _)| started + after)
     }
 
-    /// Moves it to `Exited` once its end has come.
-    fn settle(&mut self, now: Instant) {
-        if let (ContainerState::Running, Some((at, code))) = (self.container.state, self.ends)
-            && now >= at
-        {
-            self.container.state = ContainerState::Exited { exit_code: code };
-            self.ended_at = Some(at);
+    fn save(&self, p: Proc<'_>) -> Duration {
+        let b = self.of(p);
+        if b.ignores_signal {
+            Duration::MAX
+        } else {
+            b.exits_on_signal_after
         }
     }
 
-    fn running(&self) -> bool {
-        self.container.state == ContainerState::Running
+    fn exited(&mut self, _exit: &Exit) {}
+
+    fn exit_code(&self, p: Proc<'_>) -> i64 {
+        self.of(p).exits_after.map_or(0, |(_, code)| code)
     }
 
-    /// The GPU memory it holds on each of its GPUs at `now`: all of it while it runs, and
-    /// still for `frees_after` once it ended.
-    fn memory(&self, now: Instant, frees_after: Duration, vllm: &VllmBehaviour) -> u64 {
-        let held = match self.container.state {
-            ContainerState::Running => true,
-            ContainerState::Exited { .. } => self.ended_at.is_some_and(|e| now < e + frees_after),
-            _ => false,
-        };
-        match (held, self.is_replica()) {
-            (false, _) => 0,
-            (true, false) => self.behaviour.memory_bytes,
-            (true, true) if self.asleep => vllm.asleep_bytes,
-            (true, true) => vllm.awake_bytes,
-        }
+    fn signal_code(&self, p: Proc<'_>) -> i64 {
+        self.of(p).signal_exit_code
+    }
+
+    fn memory(&self, p: Proc<'_>) -> Option<u64> {
+        Some(self.of(p).memory_bytes)
     }
 }
 
 #[derive(Debug)]
 struct World {
-    next_id: u64,
-    containers: BTreeMap<String, FakeContainer>,
-    /// Memory still held by removed containers: GPUs, bytes, until when.
-    ghosts: Vec<(Vec<u32>, u64, Instant)>,
-    missing_images: BTreeSet<String>,
-    /// Images pulled onto the host, by tag and by pinned reference.
-    images: BTreeMap<String, ImageInfo>,
-    /// Pinned reference → the tag it was pulled for.
-    pinned: BTreeMap<String, String>,
-    /// The registry's images, by `repo:tag` and by every `repo@digest` ever published.
-    registry: BTreeMap<String, RemoteImage>,
-    /// How long a pull takes.
-    pull_takes: Duration,
-    /// Counts pulls: a pulled image's creation time, so that the first pulled is the oldest.
-    clock: i64,
-    refused_images: BTreeMap<String, String>,
-    behaviours: BTreeMap<String, Behaviour>,
-    /// How long the driver takes to show a GPU's memory free after its container ended.
-    frees_after: Duration,
-    vllm: VllmBehaviour,
-    load: Option<Load>,
+    host: Host,
+    /// Where the model's time begins on tokio's clock.
+    origin: Instant,
+    behaviours: Behaviours,
     engine_calls: Vec<EngineCall>,
     starts: Vec<Start>,
     vllm_calls: Vec<VllmCall>,
-    /// The engine is stopped: every call fails, as a stopped dockerd's socket does.
-    engine_down: bool,
-}
-
-/// An image in the fake registry.
-#[derive(Debug, Clone)]
-struct RemoteImage {
-    /// `repo@sha256:...`.
-    pinned: String,
-    /// The tag it was published as.
-    tag: String,
-    /// The user and password it asks for, if any.
-    credentials: Option<(String, String)>,
 }
 
 impl World {
-    /// `image` when it is on the host: pulled, or any image not marked missing (built or
-    /// loaded there, known by no registry); a digest reference only once pulled.
-    fn image(&self, image: &str) -> Option<ImageInfo> {
-        if let Some(info) = self.images.get(image) {
-            return Some(info.clone());
-        }
-        (!self.missing_images.contains(image) && !image.contains('@')).then(|| ImageInfo {
-            id: format!("sha256:fake-{image}"),
-            ..ImageInfo::default()
-        })
+    /// Moves the host to now; returns now.
+    fn settle(&mut self) -> Moment {
+        let now = Moment::from_origin(Instant::now().duration_since(self.origin));
+        self.host.advance(now, &mut self.behaviours);
+        now
     }
 
-    fn settle(&mut self) {
-        let now = Instant::now();
-        for c in self.containers.values_mut() {
-            c.settle(now);
-        }
-        self.ghosts.retain(|(_, _, until)| now < *until);
-    }
-
-    /// The running replica container.
-    fn replica(&mut self) -> Option<&mut FakeContainer> {
-        self.settle();
-        self.containers
-            .values_mut()
-            .find(|c| c.is_replica() && c.running())
-    }
-
-    fn memory_used(&self, gpu: u32) -> u64 {
-        let now = Instant::now();
-        let held: u64 = self
-            .containers
-            .values()
-            .filter(|c| c.gpus.contains(&gpu))
-            .map(|c| c.memory(now, self.frees_after, &self.vllm))
-            .sum();
-        let ghosts: u64 = self
-            .ghosts
-            .iter()
-            .filter(|(gpus, _, until)| gpus.contains(&gpu) && now < *until)
-            .map(|(_, bytes, _)| bytes)
-            .sum();
-        held + ghosts
+    /// A moment of the model on tokio's clock.
+    fn instant(&self, at: Moment) -> Instant {
+        self.origin + at.since_origin()
     }
 }
 
@@ -271,7 +177,7 @@ pub struct Start {
     pub held_bytes: u64,
 }
 
-/// A fake host: one world seen through the engine, GPU and vLLM ports.
+/// A fake host: one host model seen through the engine, GPU and vLLM ports.
 #[derive(Clone)]
 pub struct FakeNode {
     world: Arc<Mutex<World>>,
@@ -282,34 +188,35 @@ pub struct FakeNode {
 
 impl FakeNode {
     /// A host named `node` with `gpus` idle GPUs, no container, a driver that shows memory
-    /// free 2 s after a container ends, and a vLLM of [`VllmBehaviour::default`].
+    /// free 2 s after a container ends, pulls that take a second, and a vLLM of
+    /// [`VllmBehaviour::default`] that stops 100 ms after its signal.
     pub fn new(node: &str, gpus: u32) -> Self {
-        let world = Arc::new(Mutex::new(World {
-            next_id: 1,
-            containers: BTreeMap::new(),
-            ghosts: Vec::new(),
-            missing_images: BTreeSet::new(),
-            images: BTreeMap::new(),
-            pinned: BTreeMap::new(),
-            registry: BTreeMap::new(),
-            pull_takes: Duration::from_secs(1),
-            clock: 0,
-            refused_images: BTreeMap::new(),
-            behaviours: BTreeMap::new(),
+        let timings = Timings {
+            replica_stop: Duration::from_millis(100),
+            sleep: Duration::ZERO,
+            wake: Duration::ZERO,
+            job_memory: Behaviour::default().memory_bytes,
             frees_after: Duration::from_secs(2),
-            vllm: VllmBehaviour::default(),
-            load: None,
+            ..Timings::default()
+        };
+        let mut host = Host::new(node, gpus, timings);
+        host.images.pull_takes = Duration::from_secs(1);
+        let world = Arc::new(Mutex::new(World {
+            host,
+            origin: Instant::now(),
+            behaviours: Behaviours::default(),
             engine_calls: Vec::new(),
             starts: Vec::new(),
             vllm_calls: Vec::new(),
-            engine_down: false,
         }));
-        Self {
+        let node = Self {
             engine: Arc::new(FakeEngine::new(world.clone())),
             vllm: Arc::new(FakeVllm::new(world.clone())),
             gpus: Arc::new(FakeHostGpus::new(world.clone(), FakeGpus::new(node, gpus))),
             world,
-        }
+        };
+        node.set_vllm(VllmBehaviour::default());
+        node
     }
 
     fn world(&self) -> MutexGuard<'_, World> {
@@ -318,96 +225,96 @@ impl FakeNode {
 
     /// Containers of `image` behave so from now on.
     pub fn behave(&self, image: &str, behaviour: Behaviour) {
-        self.world().behaviours.insert(image.to_owned(), behaviour);
+        self.world()
+            .behaviours
+            .0
+            .insert(image.to_owned(), behaviour);
     }
 
     /// Running `image` fails: it is not on the host.
     pub fn image_missing(&self, image: &str) {
-        self.world().missing_images.insert(image.to_owned());
+        self.world().host.lose_image(image);
     }
 
     /// `image` (`repo:tag`) is in the registry as `digest` (`sha256:...`), behind `user` and
     /// `password` when given, and not on the host: a job needs it pulled. Publishing a tag
     /// again moves it; the host keeps what it pulled.
     pub fn publish(&self, image: &str, digest: &str, credentials: Option<(&str, &str)>) {
-        let mut w = self.world();
-        let remote = RemoteImage {
-            pinned: format!("{}@{digest}", repository(image)),
-            tag: image.to_owned(),
-            credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
-        };
-        w.registry.insert(remote.pinned.clone(), remote.clone());
-        w.registry.insert(image.to_owned(), remote);
-        if !w.images.contains_key(image) {
-            w.missing_images.insert(image.to_owned());
-        }
+        let pinned = format!("{}@{digest}", repository(image));
+        self.world()
+            .host
+            .images
+            .publish(image, &pinned, credentials);
     }
 
     /// A pull takes this long.
     pub fn set_pull_takes(&self, takes: Duration) {
-        self.world().pull_takes = takes;
+        self.world().host.images.pull_takes = takes;
     }
 
     /// Removes `image` (a tag) from the host, as `docker rmi` would; a pinned reference
     /// pulled with it stays until that is removed too.
     pub fn remove_image(&self, image: &str) {
-        let mut w = self.world();
-        w.images.remove(image);
-        w.missing_images.insert(image.to_owned());
+        self.world().host.lose_image(image);
     }
 
     /// Running `image` fails: the engine refuses it, saying `reason`.
     pub fn refuse_image(&self, image: &str, reason: &str) {
-        self.world()
-            .refused_images
-            .insert(image.to_owned(), reason.to_owned());
+        self.world().host.images.refuse(image, reason);
     }
 
-    /// The driver shows a GPU's memory free this long after its container ended.
     /// Stops the engine as `systemctl stop docker` does: every running container is
-    /// stopped (SIGTERM: exit code 143), and every call fails until [`FakeNode::start_engine`].
+    /// stopped, and every call fails until [`FakeNode::start_engine`].
     pub fn stop_engine(&self) {
         let mut w = self.world();
-        let now = Instant::now();
-        for c in w.containers.values_mut() {
-            if c.running() {
-                c.container.state = ContainerState::Exited { exit_code: 143 };
-                c.ended_at = Some(now);
-            }
-        }
-        w.engine_down = true;
+        let now = w.settle();
+        let World {
+            host, behaviours, ..
+        } = &mut *w;
+        host.stop_engine(now, behaviours);
     }
 
     /// Starts the engine again: it answers, with its containers as they were left.
     pub fn start_engine(&self) {
-        self.world().engine_down = false;
+        self.world().host.start_engine();
     }
 
+    /// The driver shows a GPU's memory free this long after its container ended.
     pub fn set_memory_frees_after(&self, after: Duration) {
-        self.world().frees_after = after;
+        self.world().host.timings.frees_after = after;
     }
 
-    /// The vLLM in the replica container behaves so from now on.
+    /// The vLLM in the replica container behaves so from now on (its load time, from the
+    /// next start).
     pub fn set_vllm(&self, vllm: VllmBehaviour) {
-        self.world().vllm = vllm;
+        let mut w = self.world();
+        let now = w.settle();
+        let host = &mut w.host;
+        host.timings.replica_start = vllm.healthy_after;
+        host.timings.replica_memory = vllm.awake_bytes;
+        host.timings.asleep_memory = vllm.asleep_bytes;
+        host.fail_sleeps(if vllm.sleep_fails {
+            Moment::from_origin(Duration::MAX)
+        } else {
+            now
+        });
+        host.wake_fails = vllm.wake_fails;
+        host.vllm_dev_mode = vllm.dev_mode;
     }
 
     /// `total` requests in flight from now on, one finishing every `every`, at most
     /// `max_running` running at once and the rest waiting.
     pub fn set_load(&self, total: u64, max_running: u64, every: Duration) {
-        self.world().load = Some(Load {
-            total,
-            max_running,
-            every,
-            since: Instant::now(),
-        });
+        let mut w = self.world();
+        let now = w.settle();
+        w.host.queue(total, max_running, every, now);
     }
 
-    /// Every container, as the engine lists it, oldest first.
+    /// Every container, as the engine lists it: the replica first.
     pub fn containers(&self) -> Vec<Container> {
         let mut w = self.world();
         w.settle();
-        w.containers.values().map(|c| c.container.clone()).collect()
+        w.host.containers()
     }
 
     /// The containers whose role label is `role`.
@@ -420,21 +327,21 @@ impl FakeNode {
 
     /// Writes `content` at `path` in container `id`'s file system.
     pub fn write_file(&self, id: &str, path: &str, content: &[u8]) {
-        if let Some(c) = self.world().containers.get_mut(id) {
-            c.files.insert(path.to_owned(), content.to_vec());
-        }
+        self.world().host.write_file(id, path, content);
     }
 
-    /// Whether the replica's vLLM sleeps.
+    /// Whether the replica's vLLM sleeps; `None` when no replica runs.
     pub fn replica_asleep(&self) -> Option<bool> {
-        self.world().replica().map(|c| c.asleep)
+        let mut w = self.world();
+        w.settle();
+        w.host.replica_asleep()
     }
 
     /// The memory in use on GPU `index` now.
     pub fn memory_used(&self, index: u32) -> u64 {
         let mut w = self.world();
         w.settle();
-        w.memory_used(index)
+        w.host.gpu_used(index)
     }
 
     /// Every container started, oldest first, with what its GPUs held then.
@@ -457,6 +364,17 @@ fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
     world.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Waits on tokio's clock until the model's moment `at`; `None`: forever.
+async fn until(world: &Mutex<World>, at: Option<Moment>) {
+    match at {
+        Some(at) => {
+            let at = lock(world).instant(at);
+            tokio::time::sleep_until(at).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// The host GPU indices a container is given.
 fn gpu_indices(access: &GpuAccess) -> Vec<u32> {
     match access {
@@ -472,7 +390,7 @@ fn gpu_indices(access: &GpuAccess) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{ContainerSpec, Engine, EngineError};
+    use crate::engine::{ContainerSpec, ContainerState, Engine, EngineError};
     use crate::gpus::Gpus;
     use crate::serving::{Health, ServingMetrics};
 
@@ -537,6 +455,32 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_container_whose_work_ends_while_it_saves_exits_with_its_own_code() {
+        let node = FakeNode::new("n", 1);
+        node.behave(
+            "nearly-done:1",
+            Behaviour {
+                exits_after: Some((Duration::from_secs(3), 0)),
+                exits_on_signal_after: Duration::from_secs(5),
+                ..Behaviour::default()
+            },
+        );
+        let e = &node.engine;
+        let id = e
+            .run(&spec("a", "nearly-done:1", "job", vec![0]))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let t = Instant::now();
+        e.stop(&id, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(t.elapsed(), Duration::from_secs(1), "its work ended first");
+        assert_eq!(
+            e.inspect(&id).await.unwrap().state,
+            ContainerState::Exited { exit_code: 0 }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn gpu_memory_frees_some_time_after_its_container_ends() {
         let node = FakeNode::new("n", 2);
         node.set_memory_frees_after(Duration::from_secs(2));
@@ -578,7 +522,10 @@ mod tests {
             (Some(1.0), Some(0.0))
         );
         assert_eq!(node.memory_used(0), 70 * GIB);
+        // `mode=wait`: the last request finishes first.
+        let t = Instant::now();
         v.sleep("u", 1, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(t.elapsed(), Duration::from_secs(1));
         assert_eq!(v.is_sleeping("u").await, Some(true));
         assert_eq!(node.memory_used(0), 1_300_000_000);
         v.wake_up("u", Duration::from_secs(60)).await.unwrap();

@@ -1,13 +1,14 @@
-//! The fake vLLM: the replica container's server. It answers `/health` once its model has
-//! loaded, drains its requests slowly, sleeps (keeping some memory, or too much) and wakes.
+//! The fake vLLM: the [`ServingMetrics`] port over the replica container of the node's host
+//! model. It answers `/health` once its model has loaded, drains its requests slowly,
+//! sleeps once they are done (keeping some memory, or too much) and wakes.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nightshift_common::ServingSignals;
-use tokio::time::Instant;
+use nightshift_hostmodel::{VllmError, VllmView};
 
-use super::{World, lock};
+use super::{World, lock, until};
 use crate::serving::{Health, ServingError, ServingMetrics};
 
 /// A call made through the [`ServingMetrics`] port that changes vLLM.
@@ -28,46 +29,38 @@ impl FakeVllm {
         Self { world }
     }
 
-    /// Whether the replica runs and its model has loaded.
-    fn up(&self) -> bool {
+    /// The replica's vLLM now, when it answers.
+    fn view(&self) -> Option<VllmView> {
         let mut w = lock(&self.world);
-        let healthy_after = w.vllm.healthy_after;
-        w.replica()
-            .is_some_and(|c| Instant::now() >= c.started_at + healthy_after)
+        let now = w.settle();
+        w.host.vllm(now).filter(|v| v.health == Health::Healthy)
     }
+}
 
-    fn unreachable(action: &'static str, url: &str) -> ServingError {
-        ServingError {
-            action,
-            url: url.to_owned(),
-            reason: "connection refused".to_owned(),
-        }
+fn error(action: &'static str, url: &str, reason: &str) -> ServingError {
+    ServingError {
+        action,
+        url: url.to_owned(),
+        reason: reason.to_owned(),
     }
 }
 
 impl ServingMetrics for FakeVllm {
     async fn health(&self, _base_url: &str) -> Health {
-        if self.up() {
-            Health::Healthy
-        } else {
-            Health::Unreachable
+        match self.view() {
+            Some(_) => Health::Healthy,
+            None => Health::Unreachable,
         }
     }
 
     async fn signals(&self, _base_url: &str) -> ServingSignals {
-        if !self.up() {
+        let Some(v) = self.view() else {
             return ServingSignals::default();
-        }
-        let mut w = lock(&self.world);
-        let (left, max_running) = match w.load {
-            Some(load) => (load.left(Instant::now()), load.max_running),
-            None => (0, 0),
         };
-        let asleep = w.replica().is_some_and(|c| c.asleep);
-        let running = left.min(max_running);
+        let asleep = lock(&self.world).host.replica_asleep() == Some(true);
         ServingSignals {
-            requests_running: Some(running as f64),
-            requests_waiting: Some((left - running) as f64),
+            requests_running: Some(v.running),
+            requests_waiting: Some(v.waiting),
             kv_cache_usage: Some(0.0),
             sleep_state: Some(if asleep { "weights_offloaded" } else { "awake" }.to_owned()),
             ..ServingSignals::default()
@@ -75,63 +68,54 @@ impl ServingMetrics for FakeVllm {
     }
 
     async fn sleep(&self, url: &str, level: u8, timeout: Duration) -> Result<(), ServingError> {
-        if !self.up() {
-            return Err(Self::unreachable("sleep", url));
+        if self.view().is_none() {
+            return Err(error("sleep", url, "connection refused"));
         }
-        // `mode=wait`: in-flight requests finish first.
-        let done = {
+        let answer = {
             let mut w = lock(&self.world);
+            let now = w.settle();
             w.vllm_calls.push(VllmCall::Sleep { level });
-            if w.vllm.sleep_fails {
-                return Err(ServingError {
-                    action: "sleep",
-                    url: url.to_owned(),
-                    reason: "500 Internal Server Error".to_owned(),
-                });
-            }
-            w.load
-                .map(|l| l.since + l.every * u32::try_from(l.total).unwrap_or(u32::MAX))
+            w.host.sleep(now, timeout)
         };
-        if let Some(done) = done.filter(|d| *d > Instant::now()) {
-            if done > Instant::now() + timeout {
-                tokio::time::sleep(timeout).await;
-                return Err(ServingError {
-                    action: "sleep",
-                    url: url.to_owned(),
-                    reason: "timed out".to_owned(),
-                });
+        match answer {
+            Ok(at) => {
+                until(&self.world, Some(at)).await;
+                lock(&self.world).settle();
+                Ok(())
             }
-            tokio::time::sleep_until(done).await;
+            Err(VllmError::TimedOut(at)) => {
+                until(&self.world, Some(at)).await;
+                Err(error("sleep", url, "timed out"))
+            }
+            Err(VllmError::Failed) => Err(error("sleep", url, "500 Internal Server Error")),
+            Err(VllmError::Unreachable) => Err(error("sleep", url, "connection refused")),
         }
-        if let Some(c) = lock(&self.world).replica() {
-            c.asleep = true;
-        }
-        Ok(())
     }
 
     async fn wake_up(&self, url: &str, _timeout: Duration) -> Result<(), ServingError> {
-        if !self.up() {
-            return Err(Self::unreachable("wake up", url));
+        if self.view().is_none() {
+            return Err(error("wake up", url, "connection refused"));
         }
-        let mut w = lock(&self.world);
-        w.vllm_calls.push(VllmCall::WakeUp);
-        if w.vllm.wake_fails {
-            return Err(ServingError {
-                action: "wake up",
-                url: url.to_owned(),
-                reason: "500 Internal Server Error".to_owned(),
-            });
+        let answer = {
+            let mut w = lock(&self.world);
+            let now = w.settle();
+            w.vllm_calls.push(VllmCall::WakeUp);
+            w.host.wake(now)
+        };
+        match answer {
+            Ok(at) => {
+                until(&self.world, Some(at)).await;
+                lock(&self.world).settle();
+                Ok(())
+            }
+            Err(VllmError::Failed) => Err(error("wake up", url, "500 Internal Server Error")),
+            Err(VllmError::Unreachable | VllmError::TimedOut(_)) => {
+                Err(error("wake up", url, "connection refused"))
+            }
         }
-        if let Some(c) = w.replica() {
-            c.asleep = false;
-        }
-        Ok(())
     }
 
     async fn is_sleeping(&self, _base_url: &str) -> Option<bool> {
-        if !self.up() || !lock(&self.world).vllm.dev_mode {
-            return None;
-        }
-        lock(&self.world).replica().map(|c| c.asleep)
+        self.view().and_then(|v| v.asleep)
     }
 }

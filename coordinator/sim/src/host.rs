@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::{Heartbeat, ServingSignals, UnixMillis};
-use nightshift_hostmodel::{Agent, Exit, Host, Pull, Timings, Workload};
+use nightshift_hostmodel::{Agent, Exit, Host, Proc, Pull, Timings, Workload};
 use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
 
 use crate::backlog::{JOB_IMAGE, SimJob};
@@ -102,13 +102,13 @@ pub struct Books<'a> {
 }
 
 impl Workload for Books<'_> {
-    fn ends_at(&self, job: u64, started: Moment) -> Option<Moment> {
-        let j = self.jobs.get(&job)?;
+    fn ends_at(&self, p: Proc<'_>, started: Moment) -> Option<Moment> {
+        let j = self.jobs.get(&p.job)?;
         Some(started + Duration::from_millis(j.startup_ms + j.remaining_ms()))
     }
 
-    fn save(&self, job: u64) -> Duration {
-        if self.stubborn.contains(&job) {
+    fn save(&self, p: Proc<'_>) -> Duration {
+        if self.stubborn.contains(&p.job) {
             // Longer than any grace period: killed when it runs out.
             return Duration::from_secs(365 * 86_400);
         }
@@ -120,7 +120,7 @@ impl Workload for Books<'_> {
             return;
         };
         let (started, at) = (unix(self.origin, e.started), unix(self.origin, e.at));
-        match e.signalled {
+        match e.signalled.filter(|_| !e.finished) {
             None => self.ledger.finish(job, &e.gpus, started, at),
             Some(s) => self
                 .ledger
@@ -134,11 +134,11 @@ impl Workload for Books<'_> {
 struct NoJobs;
 
 impl Workload for NoJobs {
-    fn ends_at(&self, _job: u64, _started: Moment) -> Option<Moment> {
+    fn ends_at(&self, _p: Proc<'_>, _started: Moment) -> Option<Moment> {
         None
     }
 
-    fn save(&self, _job: u64) -> Duration {
+    fn save(&self, _p: Proc<'_>) -> Duration {
         Duration::ZERO
     }
 

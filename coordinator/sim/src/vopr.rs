@@ -180,7 +180,7 @@ pub fn run_seed(seed: u64, cfg: &VoprConfig, faults: &[Fault]) -> SeedRun {
 }
 
 /// Most reruns one shrink may take.
-const SHRINK_RUNS: usize = 200;
+const SHRINK_RUNS: usize = 600;
 
 /// Fewer of `run`'s faults that still make its seed fail, by delta debugging (Zeller's
 /// ddmin): the faults after the failure go, then ever smaller chunks of the others, each
@@ -238,6 +238,18 @@ pub fn shrink(run: &SeedRun, cfg: &VoprConfig) -> SeedRun {
         }
     }
     best
+}
+
+/// The faults of `run`, by index, without any one of which its seed still fails; none
+/// when the list is 1-minimal (as [`shrink`] leaves it when its reruns suffice).
+pub fn removable(run: &SeedRun, cfg: &VoprConfig) -> Vec<usize> {
+    let each: Vec<usize> = (0..run.faults.len()).collect();
+    let fails = crate::par::map(&each, |i| {
+        let mut rest = run.faults.clone();
+        rest.remove(i);
+        run_seed(run.seed, cfg, &rest).failed()
+    });
+    each.into_iter().filter(|i| fails[*i]).collect()
 }
 
 /// The first of `seeds`, in order, whose run fails, looked for a core's worth of seeds at a

@@ -54,9 +54,10 @@ fn a_planted_late_fail_safe_is_found_with_its_seed_and_a_short_fault_list() {
         "{:?}",
         found.violations
     );
-    // Shrunk: of the day's 60 faults, a few around the cut-off that exposes it.
+    // Shrunk: of the day's 60 faults, those the failure needs (a fleet is chaotic: a fault
+    // hours before the cut-off moves the jobs it meets).
     assert!(
-        found.faults.len() * 4 <= failed.faults.len(),
+        found.faults.len() * 3 <= failed.faults.len(),
         "{} of {} faults left: {:?}",
         found.faults.len(),
         failed.faults.len(),
@@ -69,4 +70,6 @@ fn a_planted_late_fail_safe_is_found_with_its_seed_and_a_short_fault_list() {
     // The seed and the shortened list reproduce it.
     let again = vopr::run_seed(found.seed, &cfg, &found.faults);
     assert_eq!(again.violations, found.violations);
+    // And none of them can go: without any one, the seed runs clean.
+    assert_eq!(vopr::removable(&found, &cfg), Vec::<usize>::new());
 }

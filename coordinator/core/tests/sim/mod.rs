@@ -15,7 +15,7 @@ use nightshift_common::{
     ServingSignals, UnixMillis,
 };
 use nightshift_core::{Core, CoreConfig, CoreSnapshot, ScaleDown, ScaleUp, ServicePolicy};
-use nightshift_hostmodel::{Agent, Exit, Host, Pull, Timings, Workload};
+use nightshift_hostmodel::{Agent, Exit, Host, Proc, Pull, Timings, Workload};
 use nightshift_planner::{Moment, PlanConfig};
 
 pub const TICK_MS: u64 = 1_000;
@@ -103,20 +103,20 @@ pub struct Jobs {
 }
 
 impl Workload for Jobs {
-    fn ends_at(&self, job: u64, started: Moment) -> Option<Moment> {
-        let secs = self.durations.get(&job).copied().unwrap_or(5);
+    fn ends_at(&self, p: Proc<'_>, started: Moment) -> Option<Moment> {
+        let secs = self.durations.get(&p.job).copied().unwrap_or(5);
         Some(started + Duration::from_secs(u64::from(secs)))
     }
 
     /// Checkpoints take no time: a signalled job exits at once.
-    fn save(&self, _job: u64) -> Duration {
+    fn save(&self, _p: Proc<'_>) -> Duration {
         Duration::ZERO
     }
 
     fn exited(&mut self, _exit: &Exit) {}
 
-    fn exit_code(&self, job: u64) -> i64 {
-        self.exit_codes.get(&job).copied().unwrap_or(0)
+    fn exit_code(&self, p: Proc<'_>) -> i64 {
+        self.exit_codes.get(&p.job).copied().unwrap_or(0)
     }
 
     fn last_checkpoint_at(&self, job: u64) -> Option<UnixMillis> {
