@@ -15,9 +15,9 @@
 mod agent;
 mod host;
 mod images;
+mod vllm;
 
 pub use agent::{Agent, POLL};
-pub use host::{
-    EngineDown, Exit, Host, Launch, Proc, RunError, Timings, VllmError, VllmView, Workload,
-};
+pub use host::{EngineDown, Exit, Host, Idle, Launch, Proc, RunError, Timings, Workload};
 pub use images::{Image, Images, Pull};
+pub use vllm::{VllmError, VllmView};

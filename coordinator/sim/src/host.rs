@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nightshift_common::{Heartbeat, ServingSignals, UnixMillis};
-use nightshift_hostmodel::{Agent, Exit, Host, Proc, Pull, Timings, Workload};
+use nightshift_hostmodel::{Agent, Exit, Host, Idle, Proc, Pull, Timings, Workload};
 use nightshift_planner::{Moment, PlanConfig, ReclaimMode};
 
 use crate::backlog::{JOB_IMAGE, SimJob};
@@ -130,21 +130,6 @@ impl Workload for Books<'_> {
     }
 }
 
-/// The workload of a host that runs no job yet.
-struct NoJobs;
-
-impl Workload for NoJobs {
-    fn ends_at(&self, _p: Proc<'_>, _started: Moment) -> Option<Moment> {
-        None
-    }
-
-    fn save(&self, _p: Proc<'_>) -> Duration {
-        Duration::ZERO
-    }
-
-    fn exited(&mut self, _exit: &Exit) {}
-}
-
 /// One simulated host and its agent.
 pub struct SimHost {
     pub name: String,
@@ -192,7 +177,7 @@ impl SimHost {
         host.start_agent();
         // The fleet serves when the simulation begins: the agent has adopted its replica.
         if let Some(agent) = &mut host.agent {
-            agent.tick(Moment::ZERO, &mut host.host, &mut NoJobs);
+            agent.tick(Moment::ZERO, &mut host.host, &mut Idle);
             host.next = agent.next_tick(&host.host);
         }
         host
