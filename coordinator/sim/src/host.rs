@@ -109,8 +109,8 @@ impl Workload for Books<'_> {
 
     fn save(&self, p: Proc<'_>) -> Duration {
         if self.stubborn.contains(&p.job) {
-            // Longer than any grace period: killed when it runs out.
-            return Duration::from_secs(365 * 86_400);
+            // It ignores its signal: killed when its grace runs out.
+            return Duration::MAX;
         }
         self.save
     }
