@@ -27,6 +27,8 @@ pub struct VllmView {
     pub health: Health,
     /// `/is_sleeping` (vLLM's dev mode), when it answers.
     pub asleep: Option<bool>,
+    /// Its weights offloaded (what its metrics' sleep state says, dev mode or not).
+    pub sleeping: bool,
     pub running: f64,
     pub waiting: f64,
 }
@@ -146,6 +148,7 @@ impl Host {
         Some(VllmView {
             health,
             asleep: asleep.filter(|_| self.vllm_dev_mode),
+            sleeping: asleep == Some(true),
             running: running as f64,
             waiting: waiting as f64,
         })

@@ -57,12 +57,18 @@ impl ServingMetrics for FakeVllm {
         let Some(v) = self.view() else {
             return ServingSignals::default();
         };
-        let asleep = lock(&self.world).host.replica_asleep() == Some(true);
         ServingSignals {
             requests_running: Some(v.running),
             requests_waiting: Some(v.waiting),
             kv_cache_usage: Some(0.0),
-            sleep_state: Some(if asleep { "weights_offloaded" } else { "awake" }.to_owned()),
+            sleep_state: Some(
+                if v.sleeping {
+                    "weights_offloaded"
+                } else {
+                    "awake"
+                }
+                .to_owned(),
+            ),
             ..ServingSignals::default()
         }
     }
